@@ -1,0 +1,103 @@
+"""The command line: ``sshadapter check | schema`` (and, as they land, serve, call, list, demo).
+
+Exit status: 0 success, 1 a check missed or a call failed, 2 a usage or
+configuration error. An operator's mistake is one line naming the file, the
+key and the reason, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import orjson
+
+from sshadapter import __version__
+from sshadapter.commands import Registry, load_registry
+from sshadapter.config import DEFAULT_CONFIG_PATH, Config, load_config
+from sshadapter.contract_check import check_registry, format_table
+from sshadapter.errors import ConfigError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_usage(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(args.handler(args))
+    except ConfigError as exc:
+        print(f"sshadapter: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sshadapter", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"sshadapter {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    check = sub.add_parser("check", help="lint commands and schemas, run fixtures and near-misses")
+    _add_config(check)
+    check.add_argument("--json", action="store_true", help="print the report as a JSON list")
+    check.set_defaults(handler=_cmd_check)
+
+    schema = sub.add_parser("schema", help="print a tool's published envelope schema")
+    _add_config(schema)
+    schema.add_argument("tool")
+    schema.set_defaults(handler=_cmd_schema)
+    return parser
+
+
+def _add_config(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", type=Path, default=None,
+        help=f"config file (default {DEFAULT_CONFIG_PATH} if it exists, else built-in "
+        "defaults with ./commands and ./schemas)",
+    )
+
+
+def _load(args: argparse.Namespace) -> tuple[Config, Registry]:
+    path = args.config
+    if path is None and DEFAULT_CONFIG_PATH.is_file():
+        path = DEFAULT_CONFIG_PATH
+    config, _ = load_config(path)
+    # Without a config file there are no [hosts] to check host aliases against.
+    hosts = config.hosts.keys() if path is not None else None
+    return config, load_registry(config.paths.commands, config.paths.schemas, hosts=hosts)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    _, registry = _load(args)
+    rows = check_registry(registry)
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps([r.as_json() for r in rows],
+                                             option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        print(format_table(rows))
+    return EXIT_OK if all(r.ok for r in rows) else EXIT_FAILED
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    _, registry = _load(args)
+    op = registry.get(args.tool)
+    if op is None:
+        print(f"sshadapter: no tool {args.tool!r} in {registry_dir(registry)}", file=sys.stderr)
+        return EXIT_USAGE
+    sys.stdout.buffer.write(orjson.dumps(op.envelope_schema, option=orjson.OPT_INDENT_2) + b"\n")
+    return EXIT_OK
+
+
+def registry_dir(registry: Registry) -> str:
+    first = next(iter(registry.operations.values()), None)
+    return str(first.file.parent) if first else "the commands directory"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

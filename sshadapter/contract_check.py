@@ -1,0 +1,114 @@
+"""`sshadapter check`: lint everything, run every fixture, derive and run the near-misses.
+
+Offline: fixtures go through the same ``pipeline.evaluate`` as live calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sshadapter.commands import Operation, Registry
+from sshadapter.fixtures import Fixture, load_fixtures
+from sshadapter.nearmiss import derive
+from sshadapter.pipeline import Verdict, evaluate, seal
+from sshadapter.runners.interface import RunResult
+
+CHECK_REQUEST_ID = "req.check000000"  # envelopes are sealed with this, then it is dropped
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the report."""
+
+    tool: str
+    case: str
+    kind: str
+    """`fixture`, or the near-miss's name."""
+    expected: Mapping[str, Any]
+    got: Mapping[str, Any]
+    """The envelope produced, without `request_id`."""
+    stage: str | None
+    reason: str | None
+    ok: bool
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "tool": self.tool, "case": self.case, "kind": self.kind,
+            "expected": self.expected, "got": self.got, "ok": self.ok,
+            "rejection": {"stage": self.stage, "reason": self.reason} if self.stage else None,
+        }
+
+
+NEAR_MISS_EXPECT: Mapping[str, Any] = {"outcome": "failure", "code": "INVALID_RESPONSE"}
+
+
+def check_registry(registry: Registry) -> list[Row]:
+    rows: list[Row] = []
+    for op in registry.operations.values():
+        fixtures = load_fixtures(op)
+        if not any(f.expect["outcome"] == "success" for f in fixtures):
+            rows.append(Row(op.name, "-", "fixture", {"outcome": "success"},
+                            {"missing": "no accepted fixture"}, None, None, False))
+        for fixture in fixtures:
+            rows.append(_run(op, fixture, "fixture", fixture.stdout, fixture.expect))
+            if fixture.expect["outcome"] == "success":
+                for kind, stdout in derive(op, fixture.stdout):
+                    rows.append(_run(op, fixture, kind, stdout, NEAR_MISS_EXPECT))
+    return rows
+
+
+def _run(op: Operation, fixture: Fixture, kind: str, stdout: bytes,
+         expect: Mapping[str, Any]) -> Row:
+    run = RunResult(stdout, fixture.stderr, fixture.exit_status)
+    verdict = evaluate(op, fixture.args, run, fixture.now)
+    got = dict(seal(op, CHECK_REQUEST_ID, verdict))
+    del got["request_id"]
+    return Row(op.name, fixture.case, kind, expect, got, verdict.stage, verdict.reason,
+               _matches(expect, got, verdict))
+
+
+def _matches(expect: Mapping[str, Any], got: Mapping[str, Any], verdict: Verdict) -> bool:
+    if expect["outcome"] == "success":
+        return got.get("outcome") == "success" and got.get("data") == expect["data"]
+    return (
+        got.get("outcome") == "failure"
+        and got["error"]["code"] == expect["code"]
+        and expect.get("stage", verdict.stage) == verdict.stage
+        and expect.get("reason", verdict.reason) == verdict.reason
+    )
+
+
+def describe(expect: Mapping[str, Any]) -> str:
+    if expect.get("outcome") == "success":
+        return "success"
+    parts = [str(expect.get("code", "?"))]
+    if "stage" in expect:
+        parts.append(f" @{expect['stage']}")
+    return "failure " + "".join(parts)
+
+
+def describe_got(row: Row) -> str:
+    if "missing" in row.got:
+        return str(row.got["missing"])
+    if row.got.get("outcome") == "success":
+        return "success" if row.ok or row.expected.get("outcome") != "success" else \
+            "success (other data)"
+    text = f"failure {row.got['error']['code']}"
+    return f"{text} @{row.stage}/{row.reason}" if row.stage else text
+
+
+def format_table(rows: list[Row]) -> str:
+    headers = ("tool", "case", "kind", "expected", "got", "")
+    table = [(r.tool, r.case, r.kind, describe(r.expected), describe_got(r),
+              "ok" if r.ok else "MISS") for r in rows]
+    widths = [max(len(h), *(len(t[i]) for t in table)) if table else len(h)
+              for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip()
+              for t in table]
+    misses = sum(not r.ok for r in rows)
+    tools = len({r.tool for r in rows})
+    lines.append(f"{len(rows)} checks over {tools} tools: {len(rows) - misses} ok, {misses} missed")
+    return "\n".join(lines)

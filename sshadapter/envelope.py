@@ -1,0 +1,125 @@
+"""The agent contract: the closed envelope, its per-tool schema, and the error codes.
+
+Contract: DESIGN.md "Agent contract". An envelope is either
+``{"tool", "request_id", "outcome": "success", "data"}`` or
+``{"tool", "request_id", "outcome": "failure", "error": {"code", "retryable"}}``;
+nothing else. Each tool publishes a JSON Schema for its envelope (an object at
+the root, the ``oneOf`` inside it, as in the article), and every envelope is
+validated against it before it leaves the daemon.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from sshadapter.schemas import DRAFT_2020_12, LoadedSchema
+
+if TYPE_CHECKING:
+    from sshadapter.commands import CommandFile
+
+# code -> retryable by default (DESIGN.md table). UPSTREAM_UNAVAILABLE is not
+# retryable for a host key mismatch or an authentication failure.
+CODES: Final[Mapping[str, bool]] = {
+    "INVALID_REQUEST": False,
+    "DENIED": False,
+    "NOT_FOUND": False,
+    "UPSTREAM_UNAVAILABLE": True,
+    "INVALID_RESPONSE": False,
+    "OVERLOADED": True,
+    "INTERNAL": False,
+}
+SYSTEM_TOOL: Final = "sshadapter"
+REQUEST_ID_PATTERN: Final = "^[A-Za-z0-9][A-Za-z0-9_.]{7,63}$"
+_REQUEST_ID_ALPHABET: Final = "ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789"
+ENVELOPE_BASE_URI: Final = "https://sshadapter.invalid/envelopes/"
+
+
+def new_request_id() -> str:
+    """Made by the daemon, never taken from the client or the remote side."""
+    return "req." + "".join(secrets.choice(_REQUEST_ID_ALPHABET) for _ in range(16))
+
+
+def success(tool: str, request_id: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    return {"tool": tool, "request_id": request_id, "outcome": "success", "data": data}
+
+
+def failure(
+    tool: str, request_id: str, code: str, retryable: bool | None = None
+) -> dict[str, Any]:
+    if code not in CODES:
+        raise ValueError(f"unknown error code {code}")  # a bug, never input
+    return {
+        "tool": tool,
+        "request_id": request_id,
+        "outcome": "failure",
+        "error": {"code": code, "retryable": CODES[code] if retryable is None else retryable},
+    }
+
+
+def _branches(tool: str, data: Mapping[str, Any], codes: list[str]) -> list[dict[str, Any]]:
+    common = {
+        "tool": {"const": tool},
+        "request_id": {"type": "string", "pattern": REQUEST_ID_PATTERN},
+    }
+    return [
+        {
+            "title": "Success result",
+            "type": "object",
+            "required": ["tool", "request_id", "outcome", "data"],
+            "properties": {**common, "outcome": {"const": "success"}, "data": data},
+            "additionalProperties": False,
+        },
+        {
+            "title": "Failure result",
+            "type": "object",
+            "required": ["tool", "request_id", "outcome", "error"],
+            "properties": {
+                **common,
+                "outcome": {"const": "failure"},
+                "error": {
+                    "type": "object",
+                    "required": ["code", "retryable"],
+                    "properties": {"code": {"enum": codes}, "retryable": {"type": "boolean"}},
+                    "additionalProperties": False,
+                },
+            },
+            "additionalProperties": False,
+        },
+    ]
+
+
+def envelope_schema(tool: str, spec: CommandFile, output: LoadedSchema) -> dict[str, Any]:
+    """The tool's published envelope schema: the output schema, projected to `[agent].fields`."""
+    properties = output.contents["properties"]
+    required = set(output.contents.get("required", ()))
+    fields = spec.agent.fields
+    data = {
+        "type": "object",
+        "properties": {name: {"$ref": f"{output.uri}#/properties/{name}"} for name in fields},
+        "required": [name for name in fields if name in required],
+        "additionalProperties": False,
+    }
+    assert all(name in properties for name in fields)  # checked by the loader
+    codes = [c for c in CODES if c != "NOT_FOUND" or "NOT_FOUND" in spec.output.exit_codes.values()]
+    embedded = {k: v for k, v in output.contents.items() if k != "$schema"}
+    embedded["$id"] = output.uri
+    return {
+        "$schema": DRAFT_2020_12,
+        "$id": f"{ENVELOPE_BASE_URI}{tool}.v{spec.version}.json",
+        "title": f"{tool} v{spec.version} result envelope",
+        "description": spec.description,
+        "type": "object",
+        "oneOf": _branches(tool, data, codes),
+        "$defs": {"output": embedded},
+    }
+
+
+SYSTEM_ENVELOPE_SCHEMA: Final[Mapping[str, Any]] = {
+    "$schema": DRAFT_2020_12,
+    "$id": f"{ENVELOPE_BASE_URI}{SYSTEM_TOOL}.json",
+    "title": "envelope for a request that names no known tool or cannot be parsed",
+    "type": "object",
+    "oneOf": _branches(SYSTEM_TOOL, {"not": {}}, ["INVALID_REQUEST", "OVERLOADED", "INTERNAL"]),
+}

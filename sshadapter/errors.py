@@ -1,0 +1,103 @@
+"""Errors, split by who is at fault.
+
+    SshadapterError
+    ├── ConfigError      the operator: a config file, command file, schema or fixture is wrong
+    ├── RequestError     the caller: an unparseable request, unknown tool, bad arguments
+    ├── UpstreamError    the remote side: cannot connect, timeout, a declared failure status
+    └── EvidenceError    the output: anything wrong with the bytes that came back
+
+Dependencies' exceptions (orjson, jsonschema, asyncssh) are translated into
+these in exactly one place each, ``raise ... from exc``. Every error that can
+end a call carries a ``stage`` and a ``reason`` from a finite set, because both
+become Prometheus label values and audit fields. Free text (``detail``) is for
+the audit trail only and never reaches the agent.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+Stage = Literal[
+    "request", "authorize", "transport", "exit", "parse", "extract", "schema", "semantic"
+]
+STAGES: Final[tuple[Stage, ...]] = (
+    "request", "authorize", "transport", "exit", "parse", "extract", "schema", "semantic"
+)
+
+# Reasons an output is rejected, by stage. Finite on purpose: they are metric labels.
+EVIDENCE_REASONS: Final[dict[str, frozenset[str]]] = {
+    "exit": frozenset({"undeclared_exit_status"}),
+    "parse": frozenset({
+        "too_large", "bom", "not_utf8", "syntax", "trailing_data", "empty",
+        "duplicate_name", "non_finite_number", "number_out_of_range",
+        "lone_surrogate", "too_deep", "stderr_not_empty", "stderr_too_large",
+    }),
+    "extract": frozenset({
+        "unmatched_line", "missing_header", "too_many_rows", "no_rows", "too_many_lines",
+        "missing_key", "duplicate_key", "bad_type", "not_utf8", "control_character",
+        "too_large", "empty",
+    }),
+    "schema": frozenset({"schema_mismatch"}),
+    "semantic": frozenset({
+        "not_equal", "timestamp_invalid", "timestamp_stale", "timestamp_future",
+    }),
+}
+
+
+class SshadapterError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigError(SshadapterError):
+    """An operator mistake: names the file, the key and the reason."""
+
+    def __init__(self, file: str, key: str, reason: str) -> None:
+        self.file = file
+        self.key = key
+        self.reason = reason
+        super().__init__(f"{file}: {key}: {reason}" if key else f"{file}: {reason}")
+
+
+class RequestError(SshadapterError):
+    """A caller mistake. ``reason`` is for the audit trail; the caller only sees the code."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+class UpstreamError(SshadapterError):
+    """The remote side failed to give an answer (transport) or declared a failure (exit)."""
+
+    def __init__(
+        self, code: str, *, stage: Stage, reason: str, retryable: bool, detail: str = ""
+    ) -> None:
+        self.code = code
+        self.stage = stage
+        self.reason = reason
+        self.retryable = retryable
+        self.detail = detail
+        super().__init__(f"{stage}/{reason}: {detail}" if detail else f"{stage}/{reason}")
+
+
+class EvidenceError(SshadapterError):
+    """The output cannot be trusted. Always INVALID_RESPONSE for the agent."""
+
+    def __init__(
+        self,
+        stage: Stage,
+        reason: str,
+        detail: str = "",
+        *,
+        schema_path: str = "",
+        instance_path: str = "",
+    ) -> None:
+        if reason not in EVIDENCE_REASONS.get(stage, ()):
+            raise ValueError(f"unknown evidence reason {stage}/{reason}")  # a bug, not input
+        self.stage = stage
+        self.reason = reason
+        self.detail = detail
+        self.schema_path = schema_path
+        self.instance_path = instance_path
+        super().__init__(f"{stage}/{reason}: {detail}" if detail else f"{stage}/{reason}")

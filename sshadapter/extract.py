@@ -1,0 +1,215 @@
+"""Stage 7: turn a command's stdout into exactly one value, or reject it.
+
+``json`` output goes through the strict parser (stage ``parse``). Text output
+goes through a strict extractor (stage ``extract``) in which every line must be
+accounted for: each pattern must match a whole line (``fullmatch``), any line
+that matches nothing rejects the whole output, named groups become fields and
+``types`` converts them strictly. Line numbers go to the audit detail, never to
+the agent (DESIGN.md "Operator contract").
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Protocol
+
+from sshadapter.errors import EvidenceError
+from sshadapter.strict_json import StrictJSONError, strict_loads
+
+FieldType = Literal["integer", "number", "boolean", "string"]
+
+DEFAULT_MAX_ROWS: Final = 1000  # rows a text table or jsonl stream may have unless declared
+
+# Strict conversions: the whole field must have the shape, no spaces, no '+', no '0x'.
+_INTEGER: Final = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")
+_NUMBER: Final = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_INT64: Final = range(-(2**63), 2**63)
+# C0 controls other than tab and newline, DEL, and C1 controls: an ANSI escape or a
+# carriage return hidden in a line is never a fact.
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+class OutputFormat(Protocol):
+    """Something that turns stdout bytes into a value or raises EvidenceError."""
+
+    def parse(self, stdout: bytes) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class JsonFormat:
+    """Exactly one strict JSON document; only JSON whitespace around it."""
+
+    max_bytes: int
+    max_depth: int
+
+    def parse(self, stdout: bytes) -> Any:
+        try:
+            return strict_loads(stdout, max_bytes=self.max_bytes, max_depth=self.max_depth)
+        except StrictJSONError as exc:
+            raise EvidenceError("parse", exc.reason, exc.detail) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class JsonlFormat:
+    """One strict JSON value per line; yields ``{"rows": [...]}``."""
+
+    max_bytes: int
+    max_depth: int
+    max_rows: int
+
+    def parse(self, stdout: bytes) -> Any:
+        if not stdout:  # an empty stream is zero rows, which the schema may refuse
+            return {"rows": []}
+        # Raw control characters cannot hide here: the strict parser refuses them in strings.
+        lines = _split_lines(_decode(stdout, self.max_bytes, allow_control=True))
+        if len(lines) > self.max_rows:
+            raise EvidenceError("extract", "too_many_rows", f"{len(lines)} > {self.max_rows}")
+        rows = []
+        for number, line in enumerate(lines, 1):
+            try:
+                rows.append(
+                    strict_loads(
+                        line.encode(), max_bytes=self.max_bytes, max_depth=self.max_depth
+                    )
+                )
+            except StrictJSONError as exc:
+                raise EvidenceError("parse", exc.reason, f"line {number}: {exc.detail}") from exc
+        return {"rows": rows}
+
+
+@dataclass(frozen=True, slots=True)
+class RegexFormat:
+    """One pattern that fullmatches the whole stdout (one trailing newline allowed)."""
+
+    max_bytes: int
+    pattern: re.Pattern[str]
+    types: Mapping[str, FieldType]
+
+    def parse(self, stdout: bytes) -> Any:
+        text = _decode(stdout, self.max_bytes)
+        if text.endswith("\n"):
+            text = text[:-1]
+        match = self.pattern.fullmatch(text)
+        if match is None:
+            raise EvidenceError("extract", "unmatched_line", "output does not match `pattern`")
+        return convert(match.groupdict(), self.types, line=1)
+
+
+@dataclass(frozen=True, slots=True)
+class LinesFormat:
+    """Header lines in order, then rows, each line fullmatched."""
+
+    max_bytes: int
+    header: Sequence[re.Pattern[str]]
+    row: re.Pattern[str]
+    shape: Literal["one", "rows"]
+    max_rows: int
+    types: Mapping[str, FieldType]
+
+    def parse(self, stdout: bytes) -> Any:
+        lines = _split_lines(_decode(stdout, self.max_bytes))
+        for number, pattern in enumerate(self.header, 1):
+            if number > len(lines) or pattern.fullmatch(lines[number - 1]) is None:
+                raise EvidenceError("extract", "missing_header", f"line {number}")
+        rows = []
+        for number, line in enumerate(lines[len(self.header):], len(self.header) + 1):
+            match = self.row.fullmatch(line)
+            if match is None:
+                raise EvidenceError("extract", "unmatched_line", f"line {number}")
+            if len(rows) == self.max_rows:
+                raise EvidenceError("extract", "too_many_rows", f"line {number}")
+            rows.append(convert(match.groupdict(), self.types, line=number))
+        if self.shape == "rows":
+            return {"rows": rows}
+        if not rows:
+            raise EvidenceError("extract", "no_rows", "shape 'one' needs exactly one row")
+        return rows[0]
+
+
+@dataclass(frozen=True, slots=True)
+class KvFormat:
+    """``key<separator>value`` lines: every declared key exactly once, no other line."""
+
+    max_bytes: int
+    separator: str
+    keys: Sequence[str]
+    types: Mapping[str, FieldType]
+
+    def parse(self, stdout: bytes) -> Any:
+        lines = _split_lines(_decode(stdout, self.max_bytes))
+        fields: dict[str, str] = {}
+        for number, line in enumerate(lines, 1):
+            key, sep, value = line.partition(self.separator)
+            if not sep or key not in self.keys:
+                raise EvidenceError("extract", "unmatched_line", f"line {number}")
+            if key in fields:
+                raise EvidenceError("extract", "duplicate_key", f"line {number}: {key}")
+            fields[key] = value
+        missing = [key for key in self.keys if key not in fields]
+        if missing:
+            raise EvidenceError("extract", "missing_key", ", ".join(missing))
+        return convert(fields, self.types, line=0)
+
+
+def convert(
+    fields: Mapping[str, str | None], types: Mapping[str, FieldType], *, line: int
+) -> dict[str, Any]:
+    """Apply ``types`` to the captured strings; a failed conversion rejects the output."""
+    out: dict[str, Any] = {}
+    for name, raw in fields.items():
+        kind = types.get(name, "string")
+        if raw is None or kind == "string":
+            out[name] = raw
+            continue
+        try:
+            out[name] = _CONVERTERS[kind](raw)
+        except ValueError as exc:
+            where = f"line {line}: " if line else ""
+            raise EvidenceError("extract", "bad_type", f"{where}{name}: not {kind}") from exc
+    return out
+
+
+def _to_integer(raw: str) -> int:
+    if _INTEGER.fullmatch(raw) is None or int(raw) not in _INT64:
+        raise ValueError(raw)
+    return int(raw)
+
+
+def _to_number(raw: str) -> float:
+    if _NUMBER.fullmatch(raw) is None or not math.isfinite(value := float(raw)):
+        raise ValueError(raw)
+    return value
+
+
+def _to_boolean(raw: str) -> bool:
+    if raw not in ("true", "false"):
+        raise ValueError(raw)
+    return raw == "true"
+
+
+_CONVERTERS: Final = {"integer": _to_integer, "number": _to_number, "boolean": _to_boolean}
+
+
+def _decode(stdout: bytes, max_bytes: int, *, allow_control: bool = False) -> str:
+    if len(stdout) > max_bytes:
+        raise EvidenceError("extract", "too_large", f"{len(stdout)} > {max_bytes} bytes")
+    if not stdout:
+        raise EvidenceError("extract", "empty", "no output")
+    try:
+        text = stdout.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EvidenceError("extract", "not_utf8", f"byte {exc.start}") from exc
+    if not allow_control and (found := _CONTROL.search(text)) is not None:
+        line = text.count("\n", 0, found.start()) + 1
+        raise EvidenceError("extract", "control_character", f"line {line}")
+    return text
+
+
+def _split_lines(text: str) -> list[str]:
+    """Lines without their terminator; one final newline is the terminator of the last line."""
+    if text.endswith("\n"):
+        text = text[:-1]
+    return text.split("\n")

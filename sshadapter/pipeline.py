@@ -1,0 +1,110 @@
+"""The call pipeline, stages 6-10 of DESIGN.md "One call, stage by stage".
+
+``evaluate`` is everything between "bytes came back" and "the data the agent
+may see". It is pure (no I/O, the clock is an argument), so fixtures run
+offline exactly as calls run in production. The order is the contract:
+nothing is projected before the schema and the semantic checks have passed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sshadapter import envelope
+from sshadapter.checks import run_checks
+from sshadapter.commands import Operation
+from sshadapter.errors import EvidenceError
+from sshadapter.runners.interface import RunResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What one attempt proved: agent data, or a failure code with the operator's reason."""
+
+    data: Mapping[str, Any] | None = None
+    """The projected fields, on success only."""
+    code: str | None = None
+    """Error code for the agent, on failure only."""
+    retryable: bool = False
+    stage: str | None = None
+    """Where it failed (audit), e.g. `schema`."""
+    reason: str | None = None
+    """Why, from a finite list (audit, metric label)."""
+    detail: str = ""
+    """Free text for the operator: line numbers, validator message. Never for the agent."""
+    schema_path: str = ""
+    instance_path: str = ""
+
+    @property
+    def outcome(self) -> str:
+        return "success" if self.data is not None else "failure"
+
+    @property
+    def rejected(self) -> bool:
+        """True when the output itself was refused (as opposed to a declared failure)."""
+        return self.code == "INVALID_RESPONSE"
+
+    @classmethod
+    def rejection(cls, exc: EvidenceError) -> Verdict:
+        return cls(
+            code="INVALID_RESPONSE", stage=exc.stage, reason=exc.reason, detail=exc.detail,
+            schema_path=exc.schema_path, instance_path=exc.instance_path,
+        )
+
+
+def evaluate(op: Operation, args: Mapping[str, Any], run: RunResult, now: datetime) -> Verdict:
+    """Stages 6-10 for one attempt. Never raises: any input ends in a Verdict."""
+    try:
+        declared = check_exit_status(op, run)                   # 6
+        if declared is not None:
+            return declared
+        value = op.parser.parse(run.stdout)                      # 7
+        op.output_validator.validate(value)                      # 8
+        run_checks(op.spec.checks, value, args, now)             # 9
+        return Verdict(data=project(op, value))                  # 10
+    except EvidenceError as exc:
+        return Verdict.rejection(exc)
+    except Exception:  # a bug in the daemon, not the remote side's fault
+        log.exception("internal error evaluating %s", op.name)
+        return Verdict(code="INTERNAL", stage="internal", reason="bug")
+
+
+def check_exit_status(op: Operation, run: RunResult) -> Verdict | None:
+    """Success is decided by exit status, never by whether stderr is empty."""
+    meaning = op.exit_meaning(run.exit_status)
+    if meaning is None:
+        raise EvidenceError("exit", "undeclared_exit_status", f"exit status {run.exit_status}")
+    if len(run.stderr) > op.spec.output.max_stderr_bytes:
+        raise EvidenceError("parse", "stderr_too_large", f"over {op.spec.output.max_stderr_bytes}")
+    if meaning != "success":
+        return Verdict(
+            code=meaning, retryable=envelope.CODES[meaning], stage="exit",
+            reason="declared_exit_status", detail=f"exit status {run.exit_status} = {meaning}",
+        )
+    if op.spec.output.stderr == "reject" and run.stderr:
+        raise EvidenceError("parse", "stderr_not_empty", f"{len(run.stderr)} bytes on stderr")
+    return None
+
+
+def project(op: Operation, value: Any) -> dict[str, Any]:
+    """A new object with exactly the fields the contract exposes (DESIGN.md stage 10)."""
+    return {name: value[name] for name in op.spec.agent.fields if name in value}
+
+
+def seal(op: Operation, request_id: str, verdict: Verdict) -> dict[str, Any]:
+    """The envelope for ``verdict``, checked against the tool's published envelope schema."""
+    if verdict.data is not None:
+        sealed = envelope.success(op.name, request_id, verdict.data)
+    else:
+        sealed = envelope.failure(op.name, request_id, verdict.code or "INTERNAL",
+                                  verdict.retryable)
+    if not op.envelope_validator.is_valid(sealed):  # the projection broke its own contract
+        log.error("envelope for %s does not match its schema", op.name)
+        return envelope.failure(op.name, request_id, "INTERNAL")
+    return sealed

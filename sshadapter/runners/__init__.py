@@ -1,0 +1,10 @@
+"""The seam between the pipeline and whatever runs a command.
+
+``interface.Runner`` runs one command on one host and returns bytes, exit
+status and timing. Implementations: ``scripted`` (offline fixtures, tests) and,
+in production, asyncssh.
+"""
+
+from sshadapter.runners.interface import RunResult, Runner
+
+__all__ = ["RunResult", "Runner"]

@@ -1,0 +1,27 @@
+"""What a runner is: run one command, give back capped bytes, the exit status and timing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """The untrusted evidence of one attempt, exactly as it came back."""
+
+    stdout: bytes
+    """At most the operation's max_bytes + 1: one byte over the cap proves it was exceeded."""
+    stderr: bytes
+    """At most max_stderr_bytes + 1, same rule."""
+    exit_status: int | None
+    """None when the remote side gave none (killed by a signal, channel closed)."""
+    duration_seconds: float = 0.0
+
+
+class Runner(Protocol):
+    """Runs ``command`` on ``host``; raises UpstreamError when there is no result at all."""
+
+    async def run(
+        self, host: str, command: str, *, timeout: float, max_stdout: int, max_stderr: int
+    ) -> RunResult: ...

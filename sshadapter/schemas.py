@@ -1,0 +1,226 @@
+"""Schemas: load, lint and compile every file in ``schemas/``.
+
+Contract: DESIGN.md "Operator contract". Every schema is Draft 2020-12
+(``$schema`` required) and valid against its metaschema; ``$ref`` resolves only
+to files of the same directory and is never fetched over a network; ``format``
+is an assertion; and the lint refuses an object that is not closed, a string
+without a bound and an array without ``maxItems``, because each of those lets a
+remote side grow what the agent can be shown.
+
+Two libraries, one job each: ``jsonschema`` checks schemas against the
+metaschema (its error messages name the key), ``jsonschema-rs`` validates
+results on the hot path (about 100x faster). tests/test_schema_agreement.py
+shows they agree on every fixture and near-miss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import jsonschema
+import jsonschema_rs
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+from sshadapter.errors import ConfigError, EvidenceError
+from sshadapter.strict_json import StrictJSONError, strict_loads
+
+DRAFT_2020_12: Final = "https://json-schema.org/draft/2020-12/schema"
+BASE_URI: Final = "https://sshadapter.invalid/schemas/"  # .invalid: never resolvable (RFC 2606)
+MAX_SCHEMA_BYTES: Final = 1024 * 1024  # a schema is written by hand; a larger file is a mistake
+MAX_SCHEMA_DEPTH: Final = 64  # nesting of a hand-written schema document
+
+
+def _refuse_retrieval(uri: str) -> Any:
+    """jsonschema-rs fetches unknown ``$ref`` targets over HTTP by default; never here."""
+    raise LookupError(f"$ref {uri} is not a file in schemas/ (nothing is fetched)")
+
+
+@dataclass(frozen=True)
+class LoadedSchema:
+    """One schema file, linted."""
+
+    name: str
+    """File name inside ``schemas/``, e.g. ``job_run_status.v1.json``."""
+    uri: str
+    """The URI it is registered under (its ``$id``, or BASE_URI + name)."""
+    contents: Mapping[str, Any]
+    sha256: str
+    """Of the file's bytes, for the audit record."""
+
+
+class SchemaSet:
+    """All schemas of one directory, loaded whole or not at all."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.schemas: dict[str, LoadedSchema] = {}
+        for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+            loaded = _load_file(path)
+            self.schemas[loaded.name] = loaded
+        if not directory.is_dir():
+            raise ConfigError(str(directory), "", "schemas directory does not exist")
+        resources = [(s.uri, s.contents) for s in self.schemas.values()]
+        self._rs_registry = jsonschema_rs.Registry(resources, retriever=_refuse_retrieval)
+        self._py_registry: Registry[Any] = Registry().with_resources(
+            (uri, Resource(contents=dict(c), specification=DRAFT202012)) for uri, c in resources
+        )
+        for loaded in self.schemas.values():
+            self.compile(loaded.contents, file=str(directory / loaded.name), base_uri=loaded.uri)
+
+    def get(self, name: str, *, file: str, key: str) -> LoadedSchema:
+        try:
+            return self.schemas[name]
+        except KeyError:
+            raise ConfigError(file, key, f"no schema {name!r} in {self.directory}") from None
+
+    def compile(
+        self, schema: Mapping[str, Any], *, file: str, base_uri: str | None = None
+    ) -> Validator:
+        """A fast validator with format assertion on; refs resolve only inside this set."""
+        try:
+            compiled = jsonschema_rs.Draft202012Validator(
+                dict(schema),
+                validate_formats=True,
+                ignore_unknown_formats=False,
+                registry=self._rs_registry,
+                retriever=_refuse_retrieval,
+                base_uri=base_uri,
+            )
+        except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as exc:
+            raise ConfigError(file, "", f"schema does not compile: {_first_line(exc)}") from exc
+        return Validator(compiled)
+
+    def reference_validator(self, schema: Mapping[str, Any]) -> jsonschema.Validator:
+        """The pure-Python validator, used by tests to check the two libraries agree."""
+        return jsonschema.Draft202012Validator(
+            dict(schema),
+            registry=self._py_registry,
+            format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER,
+        )
+
+
+class Validator:
+    """A compiled schema; the one place jsonschema-rs errors are translated."""
+
+    __slots__ = ("_compiled",)
+
+    def __init__(self, compiled: Any) -> None:
+        self._compiled = compiled
+
+    def is_valid(self, value: Any) -> bool:
+        return bool(self._compiled.is_valid(value))
+
+    def validate(self, value: Any) -> None:
+        """Raise EvidenceError(stage="schema") naming the schema and instance paths."""
+        try:
+            self._compiled.validate(value)
+        except jsonschema_rs.ValidationError as exc:
+            raise EvidenceError(
+                "schema", "schema_mismatch", _first_line(exc)[:500],
+                schema_path=_pointer(exc.schema_path),
+                instance_path=_pointer(exc.instance_path),
+            ) from exc
+
+
+def _load_file(path: Path) -> LoadedSchema:
+    file = str(path)
+    raw = path.read_bytes()
+    try:
+        contents = strict_loads(raw, max_bytes=MAX_SCHEMA_BYTES, max_depth=MAX_SCHEMA_DEPTH)
+    except StrictJSONError as exc:
+        raise ConfigError(file, "", f"not strict JSON ({exc.reason}): {exc.detail}") from exc
+    if not isinstance(contents, dict):
+        raise ConfigError(file, "", "a schema must be a JSON object")
+    if contents.get("$schema") != DRAFT_2020_12:
+        raise ConfigError(file, "$schema", f"must be {DRAFT_2020_12!r} (Draft 2020-12 only)")
+    error = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(jsonschema.Draft202012Validator.META_SCHEMA).iter_errors(
+            contents
+        )
+    )
+    if error is not None:
+        key = _pointer(error.absolute_path) or "/"
+        raise ConfigError(file, key, f"not a valid Draft 2020-12 schema: {error.message}")
+    for pointer, reason in lint(contents):
+        raise ConfigError(file, pointer, reason)
+    uri = contents.get("$id", BASE_URI + path.name)
+    return LoadedSchema(path.name, uri, contents, hashlib.sha256(raw).hexdigest())
+
+
+# Keywords whose value is one subschema / a list of them / a map of them.
+_ONE: Final = (
+    "additionalProperties", "unevaluatedProperties", "items", "contains", "not",
+    "if", "then", "else", "propertyNames", "unevaluatedItems",
+)
+_LIST: Final = ("allOf", "anyOf", "oneOf", "prefixItems")
+_MAP: Final = ("properties", "patternProperties", "$defs", "dependentSchemas")
+_CONDITIONS: Final = ("if", "not", "contains", "propertyNames")
+_COMPOSED: Final = ("allOf", "anyOf", "oneOf", "then", "else")
+_DEFINES_VALUES: Final = ("type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "not")
+
+
+def lint(schema: Any, pointer: str = "", *, closed_by_parent: bool = False) -> Iterator[
+    tuple[str, str]
+]:
+    """Yield (JSON pointer, reason) for every subschema that is open or unbounded."""
+    if schema is False:
+        return
+    if schema is True:
+        yield pointer or "/", "`true` accepts any value: write the schema it stands for"
+        return
+    if not isinstance(schema, dict):
+        return
+    at = pointer or "/"
+    types = schema.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    if not any(key in schema for key in _DEFINES_VALUES):
+        yield at, "accepts any value: give it a `type`, `enum`, `const` or `$ref`"
+    is_object = "object" in types or "properties" in schema
+    if is_object and not closed_by_parent and not _closes(schema):
+        yield at, "object is not closed: add `additionalProperties: false` (or " \
+            "`unevaluatedProperties: false` after `allOf`/`oneOf`)"
+    if "string" in types and not any(
+        k in schema for k in ("maxLength", "pattern", "enum", "const", "format")
+    ):
+        yield at, "string has no bound: add `maxLength`, `pattern`, `enum`, `const` or `format`"
+    if ("array" in types or "items" in schema or "prefixItems" in schema) and (
+        "maxItems" not in schema
+    ):
+        yield at, "array has no `maxItems`"
+    closes_branches = schema.get("unevaluatedProperties") is False
+    for key in _ONE:
+        # Conditions (`if`, `not`, `contains`, `propertyNames`) admit no value themselves.
+        if key in schema and key not in _CONDITIONS:
+            yield from lint(schema[key], f"{pointer}/{key}",
+                            closed_by_parent=closes_branches and key in _COMPOSED)
+    for key in _LIST:
+        for index, sub in enumerate(schema.get(key, [])):
+            yield from lint(sub, f"{pointer}/{key}/{index}",
+                            closed_by_parent=closes_branches and key in _COMPOSED)
+    for key in _MAP:
+        for name, sub in schema.get(key, {}).items():
+            yield from lint(sub, f"{pointer}/{key}/{_escape(name)}")
+
+
+def _closes(schema: Mapping[str, Any]) -> bool:
+    return schema.get("additionalProperties") is False or (
+        schema.get("unevaluatedProperties") is False
+    )
+
+
+def _escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def _pointer(path: Any) -> str:
+    return "".join(f"/{_escape(str(p))}" for p in path)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = getattr(exc, "message", None) or str(exc)
+    return str(text).splitlines()[0] if text else type(exc).__name__
