@@ -27,12 +27,20 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from sshadapter.errors import ConfigError, EvidenceError
+from sshadapter.rfc3339 import is_date_time
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
 DRAFT_2020_12: Final = "https://json-schema.org/draft/2020-12/schema"
 BASE_URI: Final = "https://sshadapter.invalid/schemas/"  # .invalid: never resolvable (RFC 2606)
 MAX_SCHEMA_BYTES: Final = 1024 * 1024  # a schema is written by hand; a larger file is a mistake
 MAX_SCHEMA_DEPTH: Final = 64  # nesting of a hand-written schema document
+
+
+# jsonschema's own date-time check (rfc3339-validator) refuses every leap second, which
+# jsonschema-rs accepts at 23:59:60 UTC as RFC 3339 section 5.7 allows. The reference
+# validator uses the project's definition so both libraries agree (a test holds them).
+REFERENCE_FORMATS: Final = jsonschema.FormatChecker()
+REFERENCE_FORMATS.checks("date-time")(is_date_time)
 
 
 def _refuse_retrieval(uri: str) -> Any:
@@ -98,9 +106,7 @@ class SchemaSet:
     def reference_validator(self, schema: Mapping[str, Any]) -> jsonschema.Validator:
         """The pure-Python validator, used by tests to check the two libraries agree."""
         return jsonschema.Draft202012Validator(
-            dict(schema),
-            registry=self._py_registry,
-            format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER,
+            dict(schema), registry=self._py_registry, format_checker=REFERENCE_FORMATS
         )
 
 

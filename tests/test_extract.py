@@ -1,0 +1,150 @@
+"""Strict extractors for text output: every line accounted for, strict types."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sshadapter.errors import EvidenceError
+from sshadapter.extract import JsonlFormat, KvFormat, LinesFormat, RegexFormat, convert
+
+DF_HEADER = re.compile(r"^Filesystem +1024-blocks +Used +Available +Capacity +Mounted on$")
+DF_ROW = re.compile(
+    r"^(?P<filesystem>\S+) +(?P<size_kb>[0-9]+) +(?P<used_kb>[0-9]+) +(?P<available_kb>[0-9]+)"
+    r" +(?P<capacity_pct>[0-9]{1,3})% +(?P<mounted_on>/\S*)$"
+)
+DF_TYPES = {"size_kb": "integer", "used_kb": "integer", "capacity_pct": "integer"}
+DF_OUT = (
+    b"Filesystem     1024-blocks     Used Available Capacity Mounted on\n"
+    b"/dev/vda         264212084 22831984  83558928      22% /\n"
+)
+LOADAVG = re.compile(
+    r"^(?P<load1>[0-9]+\.[0-9]+) (?P<load5>[0-9]+\.[0-9]+) (?P<load15>[0-9]+\.[0-9]+)"
+    r" (?P<running>[0-9]+)/(?P<total>[0-9]+) (?P<last_pid>[0-9]+)$"
+)
+
+
+def df(shape: str = "one", max_rows: int = 1) -> LinesFormat:
+    return LinesFormat(4096, (DF_HEADER,), DF_ROW, shape, max_rows, DF_TYPES)  # type: ignore[arg-type]
+
+
+def reason_of(fmt: object, stdout: bytes) -> tuple[str, str, str]:
+    with pytest.raises(EvidenceError) as info:
+        fmt.parse(stdout)  # type: ignore[attr-defined]
+    return info.value.stage, info.value.reason, info.value.detail
+
+
+def test_lines_one_row_is_the_result() -> None:
+    """df output with its header and one row becomes the typed row object."""
+    row = df().parse(DF_OUT)
+    assert row == {"filesystem": "/dev/vda", "size_kb": 264212084, "used_kb": 22831984,
+                   "available_kb": "83558928", "capacity_pct": 22, "mounted_on": "/"}
+
+
+def test_lines_rows_shape_wraps_rows() -> None:
+    """shape = rows yields {"rows": [...]} with every row typed."""
+    out = DF_OUT + b"tmpfs 100 0 100 0% /tmp\n"
+    assert [r["mounted_on"] for r in df("rows", 5).parse(out)["rows"]] == ["/", "/tmp"]
+
+
+def test_lines_unmatched_line_names_its_number_for_the_audit() -> None:
+    """An extra line rejects the whole output; the line number is in the detail only."""
+    assert reason_of(df("rows", 5), DF_OUT + b"df: /mnt: Permission denied\n") == (
+        "extract", "unmatched_line", "line 3")
+
+
+def test_lines_missing_header_rejects() -> None:
+    """Without the header line, the data line cannot be trusted as a row."""
+    assert reason_of(df(), DF_OUT.split(b"\n", 1)[1])[1] == "missing_header"
+
+
+def test_lines_shape_one_refuses_a_second_row() -> None:
+    """shape = one means exactly one row: a second row is too many."""
+    assert reason_of(df(), DF_OUT + DF_OUT.split(b"\n", 1)[1])[1] == "too_many_rows"
+
+
+def test_lines_shape_one_refuses_no_row() -> None:
+    """A header alone is not a fact."""
+    assert reason_of(df(), DF_OUT.split(b"\n", 1)[0] + b"\n")[1] == "no_rows"
+
+
+def test_banner_before_output_rejects() -> None:
+    """A login banner is an unmatched line, not something to skip."""
+    assert reason_of(df(), b"Welcome to prod-7!\n" + DF_OUT)[1] == "missing_header"
+
+
+def test_regex_fullmatches_whole_output_with_one_trailing_newline() -> None:
+    """/proc/loadavg with its newline parses; two newlines do not."""
+    fmt = RegexFormat(4096, LOADAVG, {"load1": "number", "running": "integer"})
+    assert fmt.parse(b"0.07 0.11 0.05 1/80 2344\n")["load1"] == 0.07
+    assert reason_of(fmt, b"0.07 0.11 0.05 1/80 2344\n\n")[1] == "unmatched_line"
+    assert reason_of(fmt, b"0.07 0.11 0.05 1/80 2344 extra")[1] == "unmatched_line"
+
+
+def test_kv_needs_every_key_exactly_once_and_nothing_else() -> None:
+    """kv: a missing key, a repeated key and an unknown key each reject."""
+    fmt = KvFormat(4096, "=", ("ActiveState", "SubState", "MainPID"), {"MainPID": "integer"})
+    good = b"MainPID=812\nActiveState=active\nSubState=running\n"
+    assert fmt.parse(good) == {"MainPID": 812, "ActiveState": "active", "SubState": "running"}
+    assert reason_of(fmt, b"MainPID=812\nActiveState=active\n")[1] == "missing_key"
+    assert reason_of(fmt, good + b"SubState=dead\n")[1] == "duplicate_key"
+    assert reason_of(fmt, good + b"Description=pwned\n")[1:] == ("unmatched_line", "line 4")
+    assert reason_of(fmt, good.replace(b"MainPID=812", b"MainPID 812"))[1] == "unmatched_line"
+
+
+def test_kv_value_keeps_later_separators() -> None:
+    """Only the first separator splits: a value may contain '='."""
+    fmt = KvFormat(4096, "=", ("Environment",), {})
+    assert fmt.parse(b"Environment=A=1 B=2\n") == {"Environment": "A=1 B=2"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "raw"),
+    [("integer", "12a"), ("integer", "+1"), ("integer", " 1"), ("integer", "0x10"),
+     ("integer", "01"), ("integer", "99999999999999999999"), ("number", "1e999"),
+     ("number", "nan"), ("number", "1."), ("boolean", "yes"), ("boolean", "True")],
+)
+def test_types_convert_strictly(kind: str, raw: str) -> None:
+    """A field that is almost a number or a boolean rejects instead of being coerced."""
+    with pytest.raises(EvidenceError) as info:
+        convert({"f": raw}, {"f": kind}, line=2)  # type: ignore[dict-item]
+    assert (info.value.reason, info.value.detail) == ("bad_type", f"line 2: f: not {kind}")
+
+
+def test_types_accept_canonical_forms() -> None:
+    """Canonical integers, numbers and booleans convert to Python values."""
+    got = convert({"i": "-42", "n": "1.5e3", "b": "false", "s": "x"},
+                  {"i": "integer", "n": "number", "b": "boolean"}, line=1)
+    assert got == {"i": -42, "n": 1500.0, "b": False, "s": "x"}
+
+
+def test_control_characters_reject_text_output() -> None:
+    """ANSI escapes and carriage returns hidden in a line are refused."""
+    fmt = KvFormat(4096, "=", ("A",), {})
+    assert reason_of(fmt, b"A=\x1b[31mred\n")[1:] == ("control_character", "line 1")
+    assert reason_of(fmt, b"A=ok\r\n")[1] == "control_character"
+
+
+def test_text_output_must_be_utf8_and_bounded() -> None:
+    """Latin-1 bytes and output over max_bytes are rejected before matching."""
+    fmt = KvFormat(16, "=", ("A",), {})
+    assert reason_of(fmt, b"A=caf\xe9\n")[1] == "not_utf8"
+    assert reason_of(fmt, b"A=" + b"x" * 20)[1] == "too_large"
+    assert reason_of(fmt, b"")[1] == "empty"
+
+
+def test_jsonl_parses_each_line_strictly() -> None:
+    """jsonl: one strict value per line; a duplicate name on line 2 is named in the detail."""
+    fmt = JsonlFormat(4096, 8, 10)
+    assert fmt.parse(b'{"a":1}\n{"a":2}\n') == {"rows": [{"a": 1}, {"a": 2}]}
+    stage, reason, detail = reason_of(fmt, b'{"a":1}\n{"a":1,"a":2}\n')
+    assert (stage, reason) == ("parse", "duplicate_name") and detail.startswith("line 2")
+    assert reason_of(fmt, b'{"a":1}\n\n{"a":2}\n')[1] == "empty"
+
+
+def test_jsonl_bounds_rows_and_allows_an_empty_stream() -> None:
+    """More rows than max_rows rejects; no output at all is zero rows."""
+    fmt = JsonlFormat(4096, 8, 2)
+    assert reason_of(fmt, b"1\n2\n3\n")[1] == "too_many_rows"
+    assert fmt.parse(b"") == {"rows": []}
