@@ -1,0 +1,507 @@
+"""Strict JSON: the JSONTestSuite corpus, every rejection reason, the fast-path guards.
+
+The reference parser is the specification; every test that can also checks that
+the fast path (orjson plus guards) reaches the same verdict, reason and value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sshadapter import strict_json
+from sshadapter.errors import EVIDENCE_REASONS
+from sshadapter.strict_json import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_DEPTH,
+    MAX_DEPTH_LIMIT,
+    REASONS,
+    StrictJSONError,
+    _reference_parse,
+    strict_loads,
+)
+
+MIB = 1024 * 1024
+CORPUS_SUBDIR = Path("conformance") / "jsontestsuite" / "test_parsing"
+CORPUS_SIZE = 318
+
+
+def _find_corpus() -> Path | None:
+    """SSHADAPTER_SHARED if set, else shared/ beside the repository (resolved or as seen)."""
+    if env := os.environ.get("SSHADAPTER_SHARED"):
+        return Path(env) / CORPUS_SUBDIR
+    candidates = [
+        Path(__file__).resolve().parents[2] / "shared",
+        Path(__file__).absolute().parents[1] / ".." / "shared",
+        Path.cwd() / ".." / "shared",
+    ]
+    for shared in candidates:
+        if (shared / CORPUS_SUBDIR).is_dir():
+            return shared / CORPUS_SUBDIR
+    return None
+
+
+CORPUS = _find_corpus()
+MISSING = "corpus-missing"
+CORPUS_FILES = (
+    sorted(p.name for p in CORPUS.glob("*.json")) if CORPUS and CORPUS.is_dir() else []
+) or [MISSING]  # a missing corpus fails below, it is never skipped
+
+DUPLICATE_Y = {"y_object_duplicated_key.json", "y_object_duplicated_key_and_value.json"}
+
+# Our documented choice for every implementation-defined file (docs/strict-json.md).
+I_OUTCOMES: dict[str, str] = {
+    "i_number_double_huge_neg_exp.json": "accept",  # underflow -> 0.0
+    "i_number_huge_exp.json": "non_finite_number",
+    "i_number_neg_int_huge_exp.json": "non_finite_number",
+    "i_number_pos_double_huge_exp.json": "non_finite_number",
+    "i_number_real_neg_overflow.json": "non_finite_number",
+    "i_number_real_pos_overflow.json": "non_finite_number",
+    "i_number_real_underflow.json": "accept",  # underflow -> 0.0
+    "i_number_too_big_neg_int.json": "number_out_of_range",
+    "i_number_too_big_pos_int.json": "number_out_of_range",
+    "i_number_very_big_negative_int.json": "number_out_of_range",
+    "i_object_key_lone_2nd_surrogate.json": "lone_surrogate",
+    "i_string_1st_surrogate_but_2nd_missing.json": "lone_surrogate",
+    "i_string_1st_valid_surrogate_2nd_invalid.json": "lone_surrogate",
+    "i_string_UTF-16LE_with_BOM.json": "not_utf8",
+    "i_string_UTF-8_invalid_sequence.json": "not_utf8",
+    "i_string_UTF8_surrogate_U+D800.json": "not_utf8",
+    "i_string_incomplete_surrogate_and_escape_valid.json": "lone_surrogate",
+    "i_string_incomplete_surrogate_pair.json": "lone_surrogate",
+    "i_string_incomplete_surrogates_escape_valid.json": "lone_surrogate",
+    "i_string_invalid_lonely_surrogate.json": "lone_surrogate",
+    "i_string_invalid_surrogate.json": "lone_surrogate",
+    "i_string_invalid_utf-8.json": "not_utf8",
+    "i_string_inverted_surrogates_U+1D11E.json": "lone_surrogate",
+    "i_string_iso_latin_1.json": "not_utf8",
+    "i_string_lone_second_surrogate.json": "lone_surrogate",
+    "i_string_lone_utf8_continuation_byte.json": "not_utf8",
+    "i_string_not_in_unicode_range.json": "not_utf8",
+    "i_string_overlong_sequence_2_bytes.json": "not_utf8",
+    "i_string_overlong_sequence_6_bytes.json": "not_utf8",
+    "i_string_overlong_sequence_6_bytes_null.json": "not_utf8",
+    "i_string_truncated-utf-8.json": "not_utf8",
+    "i_string_utf16BE_no_BOM.json": "not_utf8",  # e9 00 is invalid UTF-8 before any syntax check
+    "i_string_utf16LE_no_BOM.json": "not_utf8",
+    "i_structure_500_nested_arrays.json": "too_deep",
+    "i_structure_UTF-8_BOM_empty_object.json": "bom",
+}
+
+Outcome = tuple[str, ...]
+
+
+def _outcome(parse: Callable[[], Any]) -> Outcome:
+    """("accept", repr(value)) or ("reject", reason, offset); repr tells 1 from 1.0."""
+    try:
+        value = parse()
+    except StrictJSONError as err:
+        assert err.reason in REASONS
+        return ("reject", err.reason, str(err.offset))
+    return ("accept", repr(value))
+
+
+def fast(data: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Outcome:
+    return _outcome(lambda: strict_loads(data, max_bytes=MIB, max_depth=max_depth))
+
+
+def ref(data: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Outcome:
+    return _outcome(lambda: _reference_parse(data, max_depth))
+
+
+def verdict(data: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Outcome:
+    """The fast path's outcome, after checking that the reference parser agrees."""
+    result = fast(data, max_depth)
+    assert result == ref(data, max_depth)
+    return result
+
+
+def reason(data: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> str:
+    result = verdict(data, max_depth)
+    return result[1] if result[0] == "reject" else "accept"
+
+
+def loads(data: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
+    return strict_loads(data, max_bytes=MIB, max_depth=max_depth)
+
+
+@pytest.fixture
+def no_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make any call of the reference parser fail: proves the guards alone decided."""
+
+    def forbidden(data: bytes, max_depth: int) -> Any:
+        raise AssertionError("reference parser called")
+
+    monkeypatch.setattr(strict_json, "_reference_parse", forbidden)
+
+
+# --- JSONTestSuite ----------------------------------------------------------
+
+
+def test_corpus_is_complete() -> None:
+    """The corpus exists with all 318 files and every i_ file has a pinned outcome."""
+    assert CORPUS is not None and CORPUS.is_dir(), "JSONTestSuite corpus not found"
+    assert len(CORPUS_FILES) == CORPUS_SIZE
+    assert {n for n in CORPUS_FILES if n.startswith("i_")} == set(I_OUTCOMES)
+
+
+@pytest.mark.parametrize("name", CORPUS_FILES)
+def test_corpus_file(name: str) -> None:
+    """n_ rejected, y_ accepted (bar duplicates), i_ as pinned; both parsers agree."""
+    assert name != MISSING and CORPUS is not None, "JSONTestSuite corpus not found"
+    result = verdict((CORPUS / name).read_bytes())
+    if name.startswith("n_"):
+        assert result[0] == "reject"
+    elif name in DUPLICATE_Y:
+        assert result[:2] == ("reject", "duplicate_name")
+    elif name.startswith("y_"):
+        assert result[0] == "accept"
+    else:
+        expected = I_OUTCOMES[name]
+        assert (result[0] if expected == "accept" else result[1]) == expected
+
+
+# --- one test per reason ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "expected", "offset"),
+    [
+        (b"[1, 2]x", "trailing_data", 6),
+        (b"[1, 2] [3]", "trailing_data", 7),
+        (b"", "empty", 0),
+        (b" \t\r\n", "empty", 4),
+        (b'{"a": 1, "a": 2}', "duplicate_name", 9),
+        (b"[NaN]", "non_finite_number", 1),
+        (b"[-Infinity]", "non_finite_number", 1),
+        (b"[1e400]", "non_finite_number", 1),
+        (b"[-1.5E+309]", "non_finite_number", 1),
+        (b"[18446744073709551616]", "number_out_of_range", 1),
+        (b'["\\ud800"]', "lone_surrogate", 2),
+        (b'["\\udc00"]', "lone_surrogate", 2),
+        (b'["\\ud800x"]', "lone_surrogate", 2),
+        (b'["\\ud800\\ud800"]', "lone_surrogate", 2),
+        (b"[[[]]]", "too_deep", 2),
+        (b'["\xff"]', "not_utf8", 2),
+        (b'["\xed\xa0\x80"]', "not_utf8", 2),  # UTF-8-encoded surrogate
+        (b"\xef\xbb\xbf[]", "bom", 0),
+        (b'["a\tb"]', "syntax", 3),  # raw control character
+        (b'["\\x"]', "syntax", 2),  # bad escape
+        (b'["\\u12"]', "syntax", 2),  # short \u escape
+        (b'["\\ud800\\uzzzz"]', "syntax", 8),  # bad escape beats the lone surrogate
+        (b"[01]", "syntax", 1),  # leading zero
+        (b"[1.]", "syntax", 1),
+        (b"[.5]", "syntax", 1),
+        (b"[+1]", "syntax", 1),
+        (b"[1,]", "syntax", 3),
+        (b"{'a': 1}", "syntax", 1),
+        (b'{"a" 1}', "syntax", 5),
+        (b"[true", "syntax", 5),
+        (b"01", "syntax", 0),
+        (b"[\x0c]", "syntax", 1),  # form feed is not JSON whitespace
+    ],
+)
+def test_each_reason(data: bytes, expected: str, offset: int) -> None:
+    """Each rule rejects with its own reason at the byte offset of the problem."""
+    assert verdict(data, max_depth=2) == ("reject", expected, str(offset))
+
+
+def test_too_large_is_checked_first() -> None:
+    """Size is checked before anything else, even a BOM or invalid UTF-8."""
+    with pytest.raises(StrictJSONError) as info:
+        strict_loads(b"\xef\xbb\xbf\xff[]", max_bytes=4, max_depth=1)
+    assert info.value.reason == "too_large"
+    assert strict_loads(b"[1]", max_bytes=3, max_depth=1) == [1]
+
+
+def test_reasons_match_evidence_reasons() -> None:
+    """Every reason is a valid parse-stage evidence reason, so it can become one."""
+    assert REASONS.issubset(EVIDENCE_REASONS["parse"])
+
+
+def test_error_shape() -> None:
+    """StrictJSONError is a ValueError with reason, offset and a short detail naming the name."""
+    with pytest.raises(StrictJSONError) as info:
+        loads(b'{"a": {"approved": false, "approved": true}}')
+    err = info.value
+    assert isinstance(err, ValueError)
+    assert (err.reason, err.offset) == ("duplicate_name", 26)
+    assert err.detail == "duplicate member name 'approved' at $.a"
+    with pytest.raises(ValueError, match="unknown"):
+        StrictJSONError("nope", 0, "")
+
+
+@pytest.mark.parametrize(
+    ("max_bytes", "max_depth"), [(1, 0), (1, MAX_DEPTH_LIMIT + 1), (0, 1), (-1, 1)]
+)
+def test_bad_limits_are_programming_errors(max_bytes: int, max_depth: int) -> None:
+    """Out-of-range limits raise a plain ValueError, not a StrictJSONError."""
+    with pytest.raises(ValueError) as info:
+        strict_loads(b"1", max_bytes=max_bytes, max_depth=max_depth)
+    assert not isinstance(info.value, StrictJSONError)
+
+
+def test_defaults() -> None:
+    """The defaults are within the limits they are checked against."""
+    assert DEFAULT_MAX_DEPTH == 32 and 1 <= DEFAULT_MAX_DEPTH <= MAX_DEPTH_LIMIT <= 254
+    assert loads(b"[]", max_depth=MAX_DEPTH_LIMIT) == [] and DEFAULT_MAX_BYTES >= 1
+
+
+def test_str_input_is_a_type_error() -> None:
+    """Only bytes are accepted: a str has no byte offsets and no encoding to check."""
+    with pytest.raises(TypeError):
+        strict_loads("[]", max_bytes=10, max_depth=1)  # type: ignore[arg-type]
+
+
+# --- duplicates ----------------------------------------------------------------
+
+
+def test_approved_twice_rejected() -> None:
+    """The motivating case: orjson would silently answer approved=true."""
+    data = b'{"approved": false, "approved": true}'
+    assert orjson.loads(data) == {"approved": True}
+    assert verdict(data) == ("reject", "duplicate_name", "20")
+
+
+def test_duplicate_deep_inside_arrays() -> None:
+    """A duplicate at any depth is found, and the detail gives its path."""
+    data = b'[[[{"x": [{"a": 1, "b": [2], "a": {"c": 3}}]}]]]'
+    assert reason(data) == "duplicate_name"
+    with pytest.raises(StrictJSONError) as info:
+        loads(data)
+    assert info.value.detail == "duplicate member name 'a' at $[0][0][0].x[0]"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"a": 1, "\\u0061": 2}',
+        b'{"\\u00e9": 1, "\xc3\xa9": 2}',
+        b'{"\\ud83d\\ude00": 1, "\xf0\x9f\x98\x80": 2}',
+        b'{"\\/": 1, "/": 2}',
+        b'{"x": {}, "x": {}}',
+    ],
+)
+def test_escaped_name_duplicates(data: bytes) -> None:
+    """Names are compared after decoding escapes, so spellings of one name collide."""
+    assert reason(data) == "duplicate_name"
+
+
+def test_escaped_colon_cannot_hide_a_duplicate() -> None:
+    """A \\u003a decodes to one extra colon, exactly offsetting a dropped member's colon."""
+    for data in (b'{"a": 1, "a": "\\u003a"}', b'{"a": 1, "a": "\\u003A"}'):
+        assert data.count(b":") == orjson.dumps(orjson.loads(data)).count(b":")
+        assert reason(data) == "duplicate_name"
+
+
+def test_escaped_colon_no_false_positive() -> None:
+    """\\u003a in names and values is accepted with the right value."""
+    data = b'{"a\\u003ab": "\\u003A", "c": ["x\\u003ay", {"\\u003a": ":"}]}'
+    assert loads(data) == {"a:b": ":", "c": ["x:y", {":": ":"}]}
+    assert verdict(data)[0] == "accept"
+
+
+def test_colons_brackets_newlines_in_strings(no_reference: None) -> None:
+    """Strings full of colons, brackets and \\n escapes trip no guard."""
+    value = {"a:b": "c:d::", "[[[{{{": "]]]}}}", "t": "x\n" + " " * 80 + "y", "k": ["\n  :"]}
+    for data in (orjson.dumps(value), json.dumps(value, indent=4).encode()):
+        assert loads(data, max_depth=3) == value  # depth 2; 3 keeps the depth guard quiet
+
+
+def test_typical_document_stays_on_fast_path(no_reference: None) -> None:
+    """A realistic document (ns timestamps included) never reaches the reference parser."""
+    rows = [
+        {"id": i, "ts_ns": 1715240125123456789 + i, "host": f"h{i}", "ok": True,
+         "load": [0.5, 1.25], "at": "2026-05-09T07:35:25Z", "note": None}
+        for i in range(50)
+    ]
+    data = orjson.dumps({"rows": rows})
+    assert loads(data) == {"rows": rows}
+
+
+# --- numbers ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("literal", "expected"),
+    [
+        (str(2**64 - 1), "accept"),
+        (str(2**64), "number_out_of_range"),
+        (str(-(2**63)), "accept"),
+        (str(-(2**63) - 1), "number_out_of_range"),
+        (str(2**63), "accept"),
+        (str(2**63 - 1), "accept"),
+        ("9999999999999999999", "accept"),  # 19 digits, > 2**63, < 2**64
+        ("99999999999999999999", "number_out_of_range"),  # 20 digits, > 2**64
+        ("-0", "accept"),
+        ("1" * 5000, "number_out_of_range"),  # beyond int()'s digit limit
+        ("1e19", "accept"),  # a float, not an integer literal
+        ("100000000000000000000.0", "accept"),
+        ("1234567890123456789012345e-5", "accept"),
+    ],
+)
+def test_integer_boundaries(literal: str, expected: str) -> None:
+    """Integers must fit [-2**63, 2**64-1] exactly; fraction or exponent makes a float."""
+    data = f'{{"n": [{literal}]}}'.encode()
+    assert reason(data) == expected
+    if expected == "accept":
+        assert repr(loads(data)["n"][0]) == repr(json.loads(literal))
+
+
+def test_long_digit_runs_in_strings() -> None:
+    """A 19+ digit run inside a string is not a number."""
+    data = b'{"id": "12345678901234567890123", "t": "1234567890:123456789"}'
+    assert loads(data) == orjson.loads(data)
+
+
+def test_underflow_accepted() -> None:
+    """1e-400 underflows to 0.0 (and -1e-400 to -0.0); that is not an error."""
+    assert repr(loads(b"[1e-400, -1e-400, 4.9e-324]")) == "[0.0, -0.0, 5e-324]"
+    assert verdict(b"1e-400") == ("accept", "0.0")
+
+
+# --- encodings -----------------------------------------------------------------
+
+
+def test_bom_rejected_anywhere() -> None:
+    """A leading BOM is 'bom'; after whitespace U+FEFF is just a syntax error."""
+    assert verdict(b"\xef\xbb\xbf{}") == ("reject", "bom", "0")
+    assert verdict(b"\xef\xbb\xbf") == ("reject", "bom", "0")
+    assert verdict(b" \xef\xbb\xbf{}") == ("reject", "syntax", "1")
+
+
+@pytest.mark.parametrize(
+    ("text", "codec", "expected"),
+    [
+        ('{"a": 1}', "utf-16-le", ("reject", "syntax", "1")),  # NUL bytes are valid UTF-8
+        ('{"a": 1}', "utf-16-be", ("reject", "syntax", "0")),
+        ('["é"]', "utf-16-le", ("reject", "not_utf8", "4")),  # e9 00 is not UTF-8
+        ('["é"]', "utf-16-be", ("reject", "not_utf8", "5")),
+        ('{"a": 1}', "utf-32-le", ("reject", "syntax", "1")),
+        ('{"a": 1}', "utf-16", ("reject", "not_utf8", "0")),  # with a UTF-16 BOM
+    ],
+)
+def test_no_utf16_guessing(text: str, codec: str, expected: Outcome) -> None:
+    """UTF-16/32 is never guessed: ASCII-only text is 'syntax', other text 'not_utf8'."""
+    assert verdict(text.encode(codec)) == expected
+
+
+# --- depth -----------------------------------------------------------------------
+
+
+def _nest(depth: int, inner: str, kinds: str) -> bytes:
+    """`depth` containers; `inner` ("empty" or "full") decides the innermost content."""
+    text = ("[]" if kinds[(depth - 1) % len(kinds)] == "a" else "{}") if inner == "empty" else (
+        "[1]" if kinds[(depth - 1) % len(kinds)] == "a" else '{"k": 1}'
+    )
+    for level in reversed(range(depth - 1)):
+        text = f"[{text}]" if kinds[level % len(kinds)] == "a" else f'{{"k": {text}}}'
+    return text.encode()
+
+
+@pytest.mark.parametrize("max_depth", [1, 2, 3, 7, 32, MAX_DEPTH_LIMIT])
+@pytest.mark.parametrize("inner", ["empty", "full"])
+@pytest.mark.parametrize("kinds", ["a", "o", "ao", "oa"])
+def test_depth_boundary(max_depth: int, inner: str, kinds: str) -> None:
+    """Depth max_depth is accepted and max_depth + 1 rejected, for every container shape."""
+    ok = _nest(max_depth, inner, kinds)
+    assert verdict(ok, max_depth)[0] == "accept"
+    assert loads(ok, max_depth) == orjson.loads(ok)
+    assert reason(_nest(max_depth + 1, inner, kinds), max_depth) == "too_deep"
+
+
+@pytest.mark.parametrize("max_depth", [1, 2, 32])
+@pytest.mark.parametrize("kinds", ["a", "o", "ao"])
+def test_depth_guard_alone_is_enough(
+    max_depth: int, kinds: str, no_reference: None
+) -> None:
+    """At depth max_depth with empty innermost containers, the indent guard decides alone."""
+    data = _nest(max_depth, "empty", kinds)
+    assert loads(data, max_depth) == orjson.loads(data)
+
+
+def test_depth_of_scalars() -> None:
+    """A top-level scalar has depth 0 and passes even max_depth=1 without the reference."""
+    for data in (b"1", b'"x"', b"null", b"  true  ", b"[]", b"{}"):
+        assert verdict(data, max_depth=1)[0] == "accept"
+
+
+def test_no_recursion_error() -> None:
+    """100000 nested brackets give too_deep from both parsers, never RecursionError."""
+    for data in (b"[" * 100_000, b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 100_000):
+        assert reason(data, MAX_DEPTH_LIMIT) == "too_deep"
+        assert reason(data, 1) == "too_deep"
+    deep_ok = b"[" * 600 + b"]" * 600  # orjson.loads accepts, orjson.dumps cannot
+    assert reason(deep_ok, MAX_DEPTH_LIMIT) == "too_deep"
+
+
+# --- properties --------------------------------------------------------------------
+
+_chars = st.characters(codec="utf-8") | st.sampled_from(list(':[]{}",\\\n 0123456789'))
+_text = st.text(_chars, max_size=8)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | _text,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(_text, children, max_size=4),
+    max_leaves=25,
+)
+SERIALIZERS: list[Callable[[Any], bytes]] = [
+    orjson.dumps,
+    lambda v: orjson.dumps(v, option=orjson.OPT_INDENT_2),
+    lambda v: json.dumps(v).encode(),  # ASCII-only: \u escapes, surrogate pairs
+    lambda v: json.dumps(v, indent=1, ensure_ascii=False).encode(),
+]
+PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+@PROPERTY
+@given(json_values, st.sampled_from(SERIALIZERS), st.integers(1, 6))
+def test_property_valid_documents(value: Any, dump: Callable[[Any], bytes], depth: int) -> None:
+    """Any serialized JSON value parses to what orjson gives, or is too_deep, in both parsers."""
+    raw = dump(value)
+    result = verdict(raw, depth)
+    if _depth(value) <= depth:
+        assert result == ("accept", repr(orjson.loads(raw)))
+    else:
+        assert result[:2] == ("reject", "too_deep")
+
+
+@st.composite
+def mutated_documents(draw: st.DrawFn) -> bytes:
+    raw = bytearray(draw(st.sampled_from(SERIALIZERS))(draw(json_values)))
+    for _ in range(draw(st.integers(1, 3))):
+        pos = draw(st.integers(0, len(raw)))
+        op = draw(st.sampled_from(["flip", "insert", "delete"]))
+        if op == "insert" or not raw:
+            raw.insert(pos, draw(st.integers(0, 255)))
+        elif op == "flip":
+            raw[min(pos, len(raw) - 1)] ^= draw(st.integers(1, 255))
+        else:
+            del raw[min(pos, len(raw) - 1)]
+    return bytes(raw)
+
+
+_jsonish = st.text(st.sampled_from(list('[]{}",:0123456789.eE-+ \\utrfalsnN\tIy')), max_size=40)
+
+
+@PROPERTY
+@given(st.binary(max_size=64) | mutated_documents() | _jsonish.map(str.encode))
+def test_property_arbitrary_bytes(data: bytes) -> None:
+    """Any bytes: a value or a StrictJSONError, and both parsers give the same outcome."""
+    verdict(data, 4)
