@@ -59,6 +59,14 @@ class _Table(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=False)
 
 
+class _KeyedError(ValueError):
+    """A cross-key rule broken inside a table: pydantic locates it at the table, this at the key."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(reason)
+        self.key = key
+
+
 class OutputSection(_Table):
     format: Literal["json", "jsonl", "regex", "lines", "kv"]
     schema_file: str = Field(alias="schema", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\.json$")
@@ -89,20 +97,20 @@ class OutputSection(_Table):
         extractor_keys = {"pattern", "header", "row", "shape", "max_rows", "types",
                           "separator", "keys", "max_depth"}
         for key in sorted((extractor_keys & self.model_fields_set) - allowed):
-            raise ValueError(f"`{key}` does not apply to format {self.format!r}")
+            raise _KeyedError(key, f"does not apply to format {self.format!r}")
         required = {"regex": ("pattern",), "lines": ("row", "shape"), "kv": ("separator", "keys")}
         for key in required.get(self.format, ()):
             if getattr(self, key) is None:
-                raise ValueError(f"format {self.format!r} needs `{key}`")
+                raise _KeyedError(key, f"required key is missing for format {self.format!r}")
         for status, meaning in self.exit_codes.items():
             if not re.fullmatch(r"0|[1-9][0-9]{0,2}", status) or int(status) > 255:
-                raise ValueError(f"exit_codes: {status!r} is not an exit status 0-255")
+                raise _KeyedError(f"exit_codes.{status}", "not an exit status 0-255")
             if meaning not in EXIT_MEANINGS:
-                raise ValueError(
-                    f"exit_codes.{status}: {meaning!r} is not one of {', '.join(EXIT_MEANINGS)}"
+                raise _KeyedError(
+                    f"exit_codes.{status}", f"{meaning!r} is not one of {', '.join(EXIT_MEANINGS)}"
                 )
         if "success" not in self.exit_codes.values():
-            raise ValueError("exit_codes: no status means success")
+            raise _KeyedError("exit_codes", "no status means success")
         return self
 
 
@@ -137,8 +145,8 @@ class CommandFile(_Table):
     @model_validator(mode="after")
     def _retries_need_idempotence(self) -> CommandFile:
         if self.retry.attempts > 1 and self.retry.on and not self.idempotent:
-            raise ValueError(
-                "retry: retrying after the command may have run needs `idempotent = true`"
+            raise _KeyedError(
+                "retry", "retrying after the command may have run needs `idempotent = true`"
             )
         return self
 
@@ -157,6 +165,8 @@ class ArgvElement:
 def _render(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():  # JSON Schema: 5.0 is the integer 5
+        return str(int(value))
     return str(value)
 
 
@@ -177,7 +187,11 @@ class Operation:
     schema: LoadedSchema
     output_validator: Validator
     envelope_schema: Mapping[str, Any]
+    """Published in `list` and by `sshadapter schema`."""
     envelope_validator: Validator
+    """The published schema, in full: tests and `sshadapter check`."""
+    envelope_guard: Validator
+    """The same minus re-validating data values: every response (see envelope_guard_schema)."""
 
     def command(self, args: Mapping[str, Any]) -> str:
         """The exact remote command string: every element shell-quoted once."""
@@ -225,7 +239,10 @@ def load_operation(path: Path, schemas: SchemaSet, *, hosts: Collection[str] | N
         raise ConfigError(file, "", f"tool name {name!r} must match ^[a-z][a-z0-9_]{{1,62}}$")
     if name == RESERVED_TOOL:
         raise ConfigError(file, "", f"{RESERVED_TOOL!r} is reserved")
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(file, "", f"cannot read: {exc.strerror}") from exc
     if len(raw) > MAX_COMMAND_FILE_BYTES:
         raise ConfigError(file, "", f"larger than {MAX_COMMAND_FILE_BYTES} bytes")
     try:
@@ -236,7 +253,11 @@ def load_operation(path: Path, schemas: SchemaSet, *, hosts: Collection[str] | N
         raise ConfigError(file, "", f"not valid TOML: {exc}") from exc
     except ValidationError as exc:
         first = exc.errors()[0]
-        key = ".".join(str(p) for p in first["loc"])
+        loc = [str(p) for p in first["loc"]]
+        cause = first.get("ctx", {}).get("error")
+        if isinstance(cause, _KeyedError):
+            loc.append(cause.key)
+        key = ".".join(loc)
         reason = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
             first["type"], str(first["msg"]).removeprefix("Value error, ")
         )
@@ -262,6 +283,7 @@ def load_operation(path: Path, schemas: SchemaSet, *, hosts: Collection[str] | N
         output_validator=schemas.compile(schema.contents, file=file, base_uri=schema.uri),
         envelope_schema=env_schema,
         envelope_validator=schemas.compile(env_schema, file=file),
+        envelope_guard=schemas.compile(envelope.envelope_guard_schema(env_schema), file=file),
     )
 
 
@@ -299,9 +321,18 @@ def _check_params_used(file: str, spec: CommandFile, argv: tuple[ArgvElement, ..
         raise ConfigError(file, f"params.{name}", "parameter is not used in argv")
 
 
+# Keywords a parameter schema may use: enough to constrain a scalar, nothing that opens it.
+PARAM_KEYWORDS: Final = frozenset({
+    "type", "description", "pattern", "enum", "const", "minLength", "maxLength",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "format",
+})
+
+
 def _params_schema(file: str, spec: CommandFile) -> dict[str, Any]:
     for name, param in spec.params.items():
         key = f"params.{name}"
+        for keyword in sorted(param.keys() - PARAM_KEYWORDS):  # a typo must not drop a bound
+            raise ConfigError(file, f"{key}.{keyword}", "unknown parameter keyword")
         kind = param.get("type")
         if kind not in ("string", "integer", "boolean"):
             raise ConfigError(file, f"{key}.type", "must be string, integer or boolean")

@@ -80,7 +80,7 @@ class MetricsSection(_Section):
     @field_validator("listen")
     @classmethod
     def _loopback_only(cls, value: str) -> str:
-        if value and not value.rsplit(":", 1)[0].strip("[]") in {"127.0.0.1", "::1", "localhost"}:
+        if value and value.rsplit(":", 1)[0].strip("[]") not in {"127.0.0.1", "::1", "localhost"}:
             raise ValueError("metrics listen only on loopback (127.0.0.1:PORT or [::1]:PORT)")
         return value
 

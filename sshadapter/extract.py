@@ -114,7 +114,7 @@ class LinesFormat:
         for number, pattern in enumerate(self.header, 1):
             if number > len(lines) or pattern.fullmatch(lines[number - 1]) is None:
                 raise EvidenceError("extract", "missing_header", f"line {number}")
-        rows = []
+        rows: list[dict[str, Any]] = []
         for number, line in enumerate(lines[len(self.header):], len(self.header) + 1):
             match = self.row.fullmatch(line)
             if match is None:

@@ -49,7 +49,7 @@ def derive(op: Operation, stdout: bytes) -> list[NearMiss]:
             if op.spec.output.shape == "rows" and index >= header_lines:
                 continue
             misses.append((f"duplicate_line:{index + 1}", b"".join(
-                lines[: index + 1] + [_terminated(line)] + lines[index + 1:])))
+                [*lines[: index + 1], _terminated(line), *lines[index + 1:]])))
         if lines:
             misses.append(("ansi_escape", b"\x1b[31m" + stdout))
     return misses

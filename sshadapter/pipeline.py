@@ -104,7 +104,7 @@ def seal(op: Operation, request_id: str, verdict: Verdict) -> dict[str, Any]:
     else:
         sealed = envelope.failure(op.name, request_id, verdict.code or "INTERNAL",
                                   verdict.retryable)
-    if not op.envelope_validator.is_valid(sealed):  # the projection broke its own contract
+    if not op.envelope_guard.is_valid(sealed):  # the projection broke its own contract
         log.error("envelope for %s does not match its schema", op.name)
         return envelope.failure(op.name, request_id, "INTERNAL")
     return sealed

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from calendar import isleap
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Final
 
 # ASCII digits only: Python's \d also matches other scripts' digits.
@@ -81,11 +81,11 @@ def parse_rfc3339(text: str) -> datetime:
             999_999 if second == 60 else int(fraction),
             tzinfo=timezone(timedelta(minutes=offset)),
         )
-        return moment.astimezone(timezone.utc)
+        return moment.astimezone(UTC)
     except (ValueError, OverflowError) as exc:  # year 0000, or 9999-12-31T23:59-01:00
         raise ValueError(f"outside the range of comparable times: {exc}") from exc
 
 
 def format_rfc3339(moment: datetime) -> str:
     """The canonical form used in audit records: UTC, 'Z', microseconds only when present."""
-    return moment.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")

@@ -4,8 +4,8 @@ Contract: DESIGN.md "Operator contract". Every schema is Draft 2020-12
 (``$schema`` required) and valid against its metaschema; ``$ref`` resolves only
 to files of the same directory and is never fetched over a network; ``format``
 is an assertion; and the lint refuses an object that is not closed, a string
-without a bound and an array without ``maxItems``, because each of those lets a
-remote side grow what the agent can be shown.
+without a bound and an array without ``maxItems`` or ``items``, because each of
+those lets a remote side grow what the agent can be shown.
 
 Two libraries, one job each: ``jsonschema`` checks schemas against the
 metaschema (its error messages name the key), ``jsonschema-rs`` validates
@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import jsonschema
 import jsonschema_rs
-from referencing import Registry, Resource
+from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from sshadapter.errors import ConfigError, EvidenceError
@@ -69,13 +69,19 @@ class SchemaSet:
         self.schemas: dict[str, LoadedSchema] = {}
         for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
             loaded = _load_file(path)
+            for other in self.schemas.values():  # else a $ref to that URI means either file
+                if other.uri.removesuffix("#") == loaded.uri.removesuffix("#"):
+                    raise ConfigError(str(path), "$id", f"{loaded.uri} is also {other.name}'s URI")
             self.schemas[loaded.name] = loaded
         if not directory.is_dir():
             raise ConfigError(str(directory), "", "schemas directory does not exist")
-        resources = [(s.uri, s.contents) for s in self.schemas.values()]
-        self._rs_registry = jsonschema_rs.Registry(resources, retriever=_refuse_retrieval)
+        resources: list[tuple[str, Any]] = [(s.uri, s.contents) for s in self.schemas.values()]
+        try:  # the registry resolves every $ref of every file now, through _refuse_retrieval
+            self._rs_registry = jsonschema_rs.Registry(resources, retriever=_refuse_retrieval)
+        except (jsonschema_rs.ReferencingError, ValueError) as exc:
+            raise ConfigError(str(directory), "$ref", _first_line(exc)) from exc
         self._py_registry: Registry[Any] = Registry().with_resources(
-            (uri, Resource(contents=dict(c), specification=DRAFT202012)) for uri, c in resources
+            (uri, DRAFT202012.create_resource(dict(c))) for uri, c in resources
         )
         for loaded in self.schemas.values():
             self.compile(loaded.contents, file=str(directory / loaded.name), base_uri=loaded.uri)
@@ -135,7 +141,10 @@ class Validator:
 
 def _load_file(path: Path) -> LoadedSchema:
     file = str(path)
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(file, "", f"cannot read: {exc.strerror}") from exc
     try:
         contents = strict_loads(raw, max_bytes=MAX_SCHEMA_BYTES, max_depth=MAX_SCHEMA_DEPTH)
     except StrictJSONError as exc:
@@ -167,7 +176,8 @@ _LIST: Final = ("allOf", "anyOf", "oneOf", "prefixItems")
 _MAP: Final = ("properties", "patternProperties", "$defs", "dependentSchemas")
 _CONDITIONS: Final = ("if", "not", "contains", "propertyNames")
 _COMPOSED: Final = ("allOf", "anyOf", "oneOf", "then", "else")
-_DEFINES_VALUES: Final = ("type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "not")
+# Not `not`: `{"not": {"type": "null"}}` still accepts any object, array or string.
+_DEFINES_VALUES: Final = ("type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf")
 
 
 def lint(schema: Any, pointer: str = "", *, closed_by_parent: bool = False) -> Iterator[
@@ -194,10 +204,11 @@ def lint(schema: Any, pointer: str = "", *, closed_by_parent: bool = False) -> I
         k in schema for k in ("maxLength", "pattern", "enum", "const", "format")
     ):
         yield at, "string has no bound: add `maxLength`, `pattern`, `enum`, `const` or `format`"
-    if ("array" in types or "items" in schema or "prefixItems" in schema) and (
-        "maxItems" not in schema
-    ):
-        yield at, "array has no `maxItems`"
+    if "array" in types or "items" in schema or "prefixItems" in schema:
+        if "maxItems" not in schema:
+            yield at, "array has no `maxItems`"
+        if "items" not in schema:  # absent `items` is `items: true`
+            yield at, "array items accept any value: add `items` (`false` after `prefixItems`)"
     closes_branches = schema.get("unevaluatedProperties") is False
     for key in _ONE:
         # Conditions (`if`, `not`, `contains`, `propertyNames`) admit no value themselves.

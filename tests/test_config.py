@@ -52,7 +52,7 @@ def test_there_is_no_switch_for_host_key_checking(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown key"):
         load_config(path)
     path.write_text('[hosts.a]\naddress = "h"\nuser = "u"\n')
-    with pytest.raises(ConfigError, match="hosts.a.known_hosts: required key is missing"):
+    with pytest.raises(ConfigError, match=r"hosts\.a\.known_hosts: required key is missing"):
         load_config(path)
 
 
@@ -68,7 +68,7 @@ def test_metrics_listen_is_loopback_only(tmp_path: Path) -> None:
     """Metrics on 0.0.0.0 would publish tool names to the network: refused."""
     path = tmp_path / "c.toml"
     path.write_text('[metrics]\nlisten = "0.0.0.0:9464"\n')
-    with pytest.raises(ConfigError, match="metrics.listen"):
+    with pytest.raises(ConfigError, match=r"metrics\.listen"):
         load_config(path)
 
 

@@ -1,4 +1,4 @@
-"""The offline pipeline (stages 6-10): order, projection, envelope, and any bytes -> closed envelope."""
+"""The offline pipeline (stages 6-10): order, projection, envelope; any bytes -> an envelope."""
 
 from __future__ import annotations
 
@@ -11,8 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sshadapter.commands import Registry, load_registry
-from sshadapter.envelope import CODES, SYSTEM_ENVELOPE_SCHEMA, failure, new_request_id
-from sshadapter.envelope import REQUEST_ID_PATTERN
+from sshadapter.envelope import (
+    CODES,
+    REQUEST_ID_PATTERN,
+    SYSTEM_ENVELOPE_SCHEMA,
+    failure,
+    new_request_id,
+)
 from sshadapter.pipeline import Verdict, evaluate, seal
 from sshadapter.runners.interface import RunResult
 
@@ -158,3 +163,24 @@ def test_any_output_ends_in_a_closed_envelope(registry: Registry, tool: str, exi
     if sealed["outcome"] == "failure":
         assert sealed["error"]["code"] in CODES and sealed["error"]["code"] != "INTERNAL"
         assert CANARY.encode() not in orjson.dumps(sealed)
+
+
+def test_envelope_guard_agrees_with_the_published_schema(registry: Registry) -> None:
+    """On every fixture and near-miss, the fast guard and the full envelope schema agree."""
+    from sshadapter.fixtures import load_fixtures
+    from sshadapter.nearmiss import derive
+
+    checked = 0
+    for op in registry.operations.values():
+        for fixture in load_fixtures(op):
+            outputs = [fixture.stdout]
+            if fixture.expect["outcome"] == "success":
+                outputs += [stdout for _, stdout in derive(op, fixture.stdout)]
+            for stdout in outputs:
+                verdict = evaluate(op, fixture.args, RunResult(stdout, b"", 0), fixture.now)
+                for sealed in (seal(op, "req.abcdefgh", verdict),
+                               {**seal(op, "req.abcdefgh", verdict), "extra": 1}):
+                    assert op.envelope_guard.is_valid(sealed) == \
+                        op.envelope_validator.is_valid(sealed)
+                    checked += 1
+    assert checked > 300

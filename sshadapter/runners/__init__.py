@@ -5,6 +5,6 @@ status and timing. Implementations: ``scripted`` (offline fixtures, tests) and,
 in production, asyncssh.
 """
 
-from sshadapter.runners.interface import RunResult, Runner
+from sshadapter.runners.interface import Runner, RunResult
 
 __all__ = ["RunResult", "Runner"]
