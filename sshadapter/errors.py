@@ -3,7 +3,7 @@
     SshadapterError
     ├── ConfigError      the operator: a config file, command file, schema or fixture is wrong
     ├── RequestError     the caller: an unparseable request, unknown tool, bad arguments
-    ├── UpstreamError    the remote side: cannot connect, timeout, a declared failure status
+    ├── UpstreamError    the remote side: cannot connect, timeout, channel failure
     └── EvidenceError    the output: anything wrong with the bytes that came back
 
 Dependencies' exceptions (orjson, jsonschema, asyncssh) are translated into
@@ -44,6 +44,22 @@ EVIDENCE_REASONS: Final[dict[str, frozenset[str]]] = {
 }
 
 
+# Why a call got no usable answer from the remote side (stage `transport`).
+TRANSPORT_REASONS: Final = frozenset({
+    "connect_refused",      # nothing listens (retryable)
+    "connect_timeout",      # TCP or SSH handshake took longer than connect_timeout_seconds
+    "connect_failed",       # other network error before the session (DNS, unreachable)
+    "host_key_mismatch",    # known_hosts says otherwise: never retried
+    "host_key_unknown",     # the host is not in known_hosts: never retried
+    "auth_failed",          # the server refused our key: never retried
+    "channel_open_failed",  # the server refused a session channel (MaxSessions)
+    "connection_lost",      # the connection dropped while the command ran
+    "command_timeout",      # the command ran longer than timeout_seconds; channel closed
+    "no_credentials",       # the configured key file or credential cannot be read
+    "pool_closed",          # the daemon is shutting down
+})
+
+
 class SshadapterError(Exception):
     """Base of every error this package raises on purpose."""
 
@@ -68,17 +84,25 @@ class RequestError(SshadapterError):
 
 
 class UpstreamError(SshadapterError):
-    """The remote side failed to give an answer (transport) or declared a failure (exit)."""
+    """The remote side gave no usable answer: always UPSTREAM_UNAVAILABLE for the agent.
+
+    ``ran`` says whether the command may have started: a failure before the
+    channel opened can be retried for any operation, one after it only for an
+    idempotent one (DESIGN.md "Operator contract").
+    """
 
     def __init__(
-        self, code: str, *, stage: Stage, reason: str, retryable: bool, detail: str = ""
+        self, reason: str, *, retryable: bool, ran: bool, detail: str = ""
     ) -> None:
-        self.code = code
-        self.stage = stage
+        if reason not in TRANSPORT_REASONS:
+            raise ValueError(f"unknown transport reason {reason}")  # a bug, not input
+        self.code = "UPSTREAM_UNAVAILABLE"
+        self.stage: Stage = "transport"
         self.reason = reason
         self.retryable = retryable
+        self.ran = ran
         self.detail = detail
-        super().__init__(f"{stage}/{reason}: {detail}" if detail else f"{stage}/{reason}")
+        super().__init__(f"transport/{reason}: {detail}" if detail else f"transport/{reason}")
 
 
 class EvidenceError(SshadapterError):

@@ -76,7 +76,13 @@ def evaluate(op: Operation, args: Mapping[str, Any], run: RunResult, now: dateti
 
 
 def check_exit_status(op: Operation, run: RunResult) -> Verdict | None:
-    """Success is decided by exit status, never by whether stderr is empty."""
+    """Success is decided by exit status, never by whether stderr is empty.
+
+    The byte caps come first: a runner that hit one closed the channel, so the
+    exit status is missing and the size is the real reason.
+    """
+    if len(run.stdout) > op.spec.output.max_bytes:
+        raise EvidenceError("parse", "too_large", f"stdout over {op.spec.output.max_bytes} bytes")
     meaning = op.exit_meaning(run.exit_status)
     if meaning is None:
         raise EvidenceError("exit", "undeclared_exit_status", f"exit status {run.exit_status}")
