@@ -8,13 +8,16 @@ key and the reason, never a traceback.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import orjson
 
-from sshadapter import __version__
+from sshadapter import __version__, client
 from sshadapter.commands import Registry, load_registry
 from sshadapter.config import DEFAULT_CONFIG_PATH, Config, load_config
 from sshadapter.contract_check import check_registry, format_table
@@ -48,6 +51,21 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the report as a JSON list")
     check.set_defaults(handler=_cmd_check)
 
+    serve = sub.add_parser("serve", help="run the daemon")
+    _add_config(serve)
+    serve.set_defaults(handler=_cmd_serve)
+
+    call = sub.add_parser("call", help="call a tool through the daemon, print the envelope")
+    call.add_argument("tool")
+    call.add_argument("args", nargs="*", metavar="key=value",
+                      help="a string argument, or key:=json for a number or boolean")
+    _add_socket(call)
+    call.set_defaults(handler=_cmd_call)
+
+    list_ = sub.add_parser("list", help="list the tools this caller may call")
+    _add_socket(list_)
+    list_.set_defaults(handler=_cmd_list)
+
     schema = sub.add_parser("schema", help="print a tool's published envelope schema")
     _add_config(schema)
     schema.add_argument("tool")
@@ -61,6 +79,45 @@ def _add_config(parser: argparse.ArgumentParser) -> None:
         help=f"config file (default {DEFAULT_CONFIG_PATH} if it exists, else built-in "
         "defaults with ./commands and ./schemas)",
     )
+
+
+def _add_socket(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--socket", type=Path, default=client.DEFAULT_SOCKET,
+                        help=f"the daemon's socket (default {client.DEFAULT_SOCKET})")
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from sshadapter.daemon import run_daemon
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    path = args.config
+    if path is None and DEFAULT_CONFIG_PATH.is_file():
+        path = DEFAULT_CONFIG_PATH
+    return asyncio.run(run_daemon(path))
+
+
+def _cmd_call(args: argparse.Namespace) -> int:
+    try:
+        call_args = client.parse_assignments(args.args)
+    except ValueError as exc:
+        print(f"sshadapter: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return _print_response({"op": "call", "tool": args.tool, "args": call_args}, args.socket,
+                           ok=lambda r: r.get("outcome") == "success")
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    return _print_response({"op": "list"}, args.socket, ok=lambda r: "tools" in r)
+
+
+def _print_response(message: dict[str, object], socket_path: Path, ok: Any) -> int:
+    try:
+        response = client.request(socket_path, message)
+    except client.ClientError as exc:
+        print(f"sshadapter: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    sys.stdout.buffer.write(orjson.dumps(response, option=orjson.OPT_INDENT_2) + b"\n")
+    return EXIT_OK if isinstance(response, dict) and ok(response) else EXIT_FAILED
 
 
 def _load(args: argparse.Namespace) -> tuple[Config, Registry]:

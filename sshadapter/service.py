@@ -1,0 +1,293 @@
+"""One call, stage by stage: DESIGN.md "One call, stage by stage", stages 1-11.
+
+``Service.handle`` takes one request line and the caller's kernel identity and
+returns one response line. Every path ends in a closed envelope; nothing the
+remote side or the client wrote reaches the response unless the contract
+names it. The stages read top to bottom in ``_call``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import grp
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import orjson
+
+from sshadapter import __version__, envelope
+from sshadapter.audit import AuditError, AuditLog, now_text
+from sshadapter.commands import Operation, Registry
+from sshadapter.config import Allow
+from sshadapter.errors import RequestError, UpstreamError
+from sshadapter.pipeline import Verdict, evaluate, seal
+from sshadapter.runners.interface import Runner, RunResult
+from sshadapter.strict_json import StrictJSONError, strict_loads
+
+log = logging.getLogger(__name__)
+
+REQUEST_MAX_DEPTH: Final = 8  # {"op", "tool", "args": {name: scalar}} needs 2; a little room
+_REQUEST_KEYS: Final = {"call": {"op", "tool", "args"}, "list": {"op"}}
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Who is calling, from the kernel (SO_PEERCRED), never from the request."""
+
+    pid: int
+    uid: int
+    gid: int
+    groups: frozenset[int] = frozenset()
+    """Supplementary groups of the calling process, when the kernel tells them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    op: str
+    tool: str = ""
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Overloaded(Exception):
+    """Every call slot is busy and the queue is full."""
+
+
+class Admission:
+    """At most ``slots`` calls run; at most ``queue`` wait; the rest are OVERLOADED at once."""
+
+    def __init__(self, slots: int, queue: int) -> None:
+        self._slots = asyncio.Semaphore(slots)
+        self._limit = slots + queue
+        self.admitted = 0
+        """Calls running or waiting: the drain on shutdown waits for this to reach 0."""
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    @contextmanager
+    def ticket(self) -> Iterator[asyncio.Semaphore]:
+        if self.admitted >= self._limit:
+            raise Overloaded
+        self.admitted += 1
+        self.idle.clear()
+        try:
+            yield self._slots
+        finally:
+            self.admitted -= 1
+            if not self.admitted:
+                self.idle.set()
+
+
+def receive(line: bytes, max_bytes: int) -> Request:
+    """Stage 1: one request line, parsed by the same strict parser as results."""
+    try:
+        value = strict_loads(line, max_bytes=max_bytes, max_depth=REQUEST_MAX_DEPTH)
+    except StrictJSONError as exc:
+        raise RequestError(f"json_{exc.reason}", exc.detail) from exc
+    if not isinstance(value, dict) or value.get("op") not in _REQUEST_KEYS:
+        raise RequestError("unknown_op")
+    if value.keys() - _REQUEST_KEYS[value["op"]]:
+        raise RequestError("unknown_request_key")
+    if value["op"] == "list":
+        return Request("list")
+    tool, args = value.get("tool"), value.get("args", {})
+    if not isinstance(tool, str) or not isinstance(args, dict):
+        raise RequestError("malformed_call")
+    return Request("call", tool, args)
+
+
+def authorized(peer: Peer, allow: Allow) -> bool:
+    """Stage 2: deny by default; the caller's uid, or one of its groups, must be listed."""
+    if peer.uid in allow.uids:
+        return True
+    caller_groups = {peer.gid, *peer.groups}
+    return any(_gid(name) in caller_groups for name in allow.groups)
+
+
+def _gid(name: str) -> int | None:
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        return None  # an unknown group admits nobody
+
+
+class Service:
+    """Turns request lines into response lines; owns the registry, runner and audit log."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        runner: Runner,
+        audit: AuditLog,
+        *,
+        default_allow: Allow,
+        max_request_bytes: int,
+        max_concurrent_calls: int,
+        max_queue: int,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.registry = registry
+        self.runner = runner
+        self.audit = audit
+        self.default_allow = default_allow
+        self.max_request_bytes = max_request_bytes
+        self.admission = Admission(max_concurrent_calls, max_queue)
+        self.clock = clock
+
+    async def handle(self, line: bytes, peer: Peer) -> bytes:
+        """One request line in, one response line out (without the newline)."""
+        request_id = envelope.new_request_id()
+        try:
+            request = receive(line, self.max_request_bytes)                     # 1
+        except RequestError as exc:
+            log.info("%s rejected request from uid %d: %s", request_id, peer.uid, exc.reason)
+            return _line(envelope.failure(envelope.SYSTEM_TOOL, request_id, "INVALID_REQUEST"))
+        if request.op == "list":
+            return _line({"tools": self.tools_for(peer)})
+        op = self.registry.get(request.tool)
+        if op is None:
+            log.info("%s unknown tool from uid %d", request_id, peer.uid)
+            return _line(envelope.failure(envelope.SYSTEM_TOOL, request_id, "INVALID_REQUEST"))
+        return _line(await self._call(op, request.args, peer, request_id))
+
+    def tools_for(self, peer: Peer) -> list[dict[str, Any]]:
+        return [
+            {"name": op.name, "description": op.spec.description, "version": op.spec.version,
+             "input_schema": op.params_schema, "output_schema": op.envelope_schema}
+            for op in self.registry.operations.values()
+            if authorized(peer, op.spec.allow or self.default_allow)
+        ]
+
+    async def _call(
+        self, op: Operation, args: Mapping[str, Any], peer: Peer, request_id: str
+    ) -> dict[str, Any]:
+        call = CallRecord(op, peer, request_id)
+        if not authorized(peer, op.spec.allow or self.default_allow):             # 2
+            return await self._finish(call, Verdict(code="DENIED", stage="authorize",
+                                                    reason="not_allowed"))
+        try:
+            op.check_args(args)                                                  # 3
+        except RequestError as exc:
+            return await self._finish(call, Verdict(code="INVALID_REQUEST", stage="request",
+                                                    reason=exc.reason))
+        call.command = op.command(args)
+        try:
+            with self.admission.ticket() as slots:
+                async with slots:
+                    verdict = await self._attempts(call, args)                    # 4-10
+        except Overloaded:
+            verdict = Verdict(code="OVERLOADED", retryable=True, stage="request",
+                              reason="overloaded")
+        except AuditError as exc:
+            log.error("%s intent not written, command not run: %s", request_id, exc)
+            verdict = Verdict(code="INTERNAL", stage="audit", reason="intent_not_written")
+        return await self._finish(call, verdict)                                  # 11
+
+    async def _attempts(self, call: CallRecord, args: Mapping[str, Any]) -> Verdict:
+        """Stages 4-10, repeated in full for each retry the operation allows."""
+        op, retry = call.op, call.op.spec.retry
+        deadline = time.monotonic() + retry.budget_seconds
+        while True:
+            await self.audit.append(call.intent(len(call.attempts) + 1))          # 4
+            started = time.monotonic()
+            try:
+                run = await self.runner.run(                                      # 5
+                    op.spec.host, call.command, timeout=op.spec.timeout_seconds,
+                    max_stdout=op.spec.output.max_bytes,
+                    max_stderr=op.spec.output.max_stderr_bytes,
+                )
+            except UpstreamError as exc:
+                verdict = Verdict(code="UPSTREAM_UNAVAILABLE", retryable=exc.retryable,
+                                  stage="transport", reason=exc.reason, detail=exc.detail)
+                call.attempts.append(_attempt(started, None, exc))
+                ran = exc.ran
+            else:
+                verdict = evaluate(op, args, run, self.clock())                   # 6-10
+                call.attempts.append(_attempt(started, run, None))
+                ran = True
+            call.attempts[-1]["verdict"] = _verdict_fields(verdict)
+            if not _should_retry(op, verdict, ran, len(call.attempts), deadline):
+                return verdict
+
+    async def _finish(self, call: CallRecord, verdict: Verdict) -> dict[str, Any]:
+        """Seal the envelope, then make the result record durable before it is sent."""
+        sealed = seal(call.op, call.request_id, verdict)                          # 10
+        try:
+            await self.audit.append(call.result(verdict, sealed))                 # 11
+        except AuditError as exc:
+            log.error("%s result not written: %s", call.request_id, exc)
+            return envelope.failure(call.op.name, call.request_id, "INTERNAL", False)
+        return sealed
+
+
+def _should_retry(op: Operation, verdict: Verdict, ran: bool, attempts: int,
+                  deadline: float) -> bool:
+    retry = op.spec.retry
+    return (
+        verdict.code in retry.on
+        and verdict.retryable
+        and attempts < retry.attempts
+        and (op.spec.idempotent or not ran)     # after execution only for idempotent ones
+        and time.monotonic() + op.spec.timeout_seconds <= deadline
+    )
+
+
+@dataclass
+class CallRecord:
+    """What the audit trail says about one call, filled in as the stages run."""
+
+    op: Operation
+    peer: Peer
+    request_id: str
+    command: str = ""
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+    def _common(self, kind: str) -> dict[str, Any]:
+        return {
+            "type": kind, "time": now_text(), "request_id": self.request_id,
+            "tool": self.op.name, "tool_version": self.op.spec.version,
+            "command_sha256": self.op.sha256, "schema_sha256": self.op.schema.sha256,
+            "adapter_version": __version__,
+            "caller": {"uid": self.peer.uid, "gid": self.peer.gid, "pid": self.peer.pid},
+            "host": self.op.spec.host, "command": self.command,
+        }
+
+    def intent(self, attempt: int) -> dict[str, Any]:
+        return {**self._common("intent"), "attempt": attempt}
+
+    def result(self, verdict: Verdict, sealed: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            **self._common("result"), "attempts": self.attempts,
+            "outcome": sealed["outcome"],
+            "code": sealed["error"]["code"] if sealed["outcome"] == "failure" else None,
+            **_verdict_fields(verdict),
+        }
+
+
+def _verdict_fields(verdict: Verdict) -> dict[str, Any]:
+    return {"stage": verdict.stage, "reason": verdict.reason, "detail": verdict.detail,
+            "schema_path": verdict.schema_path, "instance_path": verdict.instance_path}
+
+
+def _attempt(started: float, run: RunResult | None, error: UpstreamError | None
+             ) -> dict[str, Any]:
+    record: dict[str, Any] = {"duration_seconds": round(time.monotonic() - started, 6)}
+    if run is not None:
+        record.update(
+            exit_status=run.exit_status,
+            stdout_bytes=len(run.stdout), stdout_sha256=hashlib.sha256(run.stdout).hexdigest(),
+            stderr_bytes=len(run.stderr), stderr_sha256=hashlib.sha256(run.stderr).hexdigest(),
+            transport_error=None,
+        )
+    if error is not None:
+        record.update(exit_status=None, transport_error=error.reason)
+    return record
+
+
+def _line(value: Mapping[str, Any]) -> bytes:
+    return orjson.dumps(value)

@@ -1,0 +1,130 @@
+"""Run a real Daemon on a Unix socket in tmp_path, in-process, with any Runner."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from sshadapter.audit import AuditLog
+from sshadapter.commands import load_registry
+from sshadapter.config import Allow, Config
+from sshadapter.daemon import Daemon, bind_socket
+from sshadapter.runners.interface import Runner, RunResult
+from sshadapter.service import Service
+
+ROOT = Path(__file__).resolve().parents[1]
+NOW = datetime(2026, 11, 30, 4, 12, tzinfo=UTC)
+JOB_OUT = {"project_id": "bluebird", "run_id": "run_8fK2mQ9xLp3a", "state": "failed",
+           "observed_at": "2026-11-30T04:10:00Z",
+           "url": "https://ci.example.invalid/r/1", "log_tail": "ok"}
+JOB_COMMAND = "ci-cli run status --json --project bluebird"
+
+
+class TableRunner:
+    """Answers each command from a table; an entry may be a RunResult or an async callable."""
+
+    def __init__(self, table: Mapping[str, Any]) -> None:
+        self.table = dict(table)
+        self.calls: list[str] = []
+
+    async def run(self, host: str, command: str, *, timeout: float, max_stdout: int,
+                  max_stderr: int) -> RunResult:
+        self.calls.append(command)
+        answer = self.table.get(command, RunResult(b"", b"no such command\n", 127))
+        if callable(answer):
+            answer = await answer()
+        return RunResult(answer.stdout[: max_stdout + 1], answer.stderr[: max_stderr + 1],
+                         answer.exit_status)
+
+
+def job_runner() -> TableRunner:
+    return TableRunner({JOB_COMMAND: RunResult(orjson.dumps(JOB_OUT), b"", 0)})
+
+
+@dataclass
+class Running:
+    path: Path
+    daemon: Daemon
+    service: Service
+    audit_path: Path
+
+    async def ask(self, message: Mapping[str, Any] | bytes) -> Any:
+        """One request on a fresh connection."""
+        reader, writer = await asyncio.open_unix_connection(str(self.path))
+        try:
+            line = message if isinstance(message, bytes) else orjson.dumps(message) + b"\n"
+            writer.write(line)
+            await writer.drain()
+            return orjson.loads(await reader.readline())
+        finally:
+            writer.close()
+
+    def audit_records(self) -> list[dict[str, Any]]:
+        return [orjson.loads(line) for line in self.audit_path.read_bytes().splitlines()]
+
+
+def shipped_commands(tmp_path: Path) -> Path:
+    """The shipped commands, with job_run_status also allowing this test's uid."""
+    commands = tmp_path / "commands"
+    commands.mkdir(parents=True, exist_ok=True)
+    for path in (ROOT / "commands").glob("*.toml"):
+        text = path.read_text()
+        if path.stem == "job_run_status":
+            text = text.replace('allow = { groups = ["agents"] }',
+                                f'allow = {{ groups = ["agents"], uids = [{os.getuid()}] }}')
+        (commands / path.name).write_text(text)
+    return commands
+
+
+def with_daemon(
+    tmp_path: Path,
+    body: Callable[[Running], Awaitable[None]],
+    *,
+    runner: Runner | None = None,
+    allow: Allow | None = None,
+    commands: Path | None = None,
+    **server: Any,
+) -> None:
+    """Start a daemon, run ``body`` against it, stop it (draining), all in one event loop."""
+
+    commands = commands or shipped_commands(tmp_path)
+
+    async def main() -> None:
+        socket_path = tmp_path / "sshadapter.sock"
+        audit_path = tmp_path / "audit.jsonl"
+        config = Config(
+            server={"socket_path": socket_path, **server},
+            paths={"commands": commands, "schemas": ROOT / "schemas"},
+            audit={"path": audit_path, "fsync": "never"},
+            hosts={alias: {"address": "127.0.0.1", "user": "nobody",
+                           "known_hosts": tmp_path / "known_hosts"} for alias in ("ci", "local")},
+        )
+        registry = load_registry(commands, ROOT / "schemas", hosts=config.hosts.keys())
+        audit = AuditLog(audit_path, fsync="never")
+        audit.open()
+        use_runner = runner or job_runner()
+        service = Service(
+            registry, use_runner, audit,
+            default_allow=allow or Allow(uids=(os.getuid(),)),
+            max_request_bytes=config.server.max_request_bytes,
+            max_concurrent_calls=config.server.max_concurrent_calls,
+            max_queue=config.server.max_queue, clock=lambda: NOW,
+        )
+        daemon = Daemon(config, None, service, use_runner, audit)
+        sock = bind_socket(socket_path, 0o600, "")
+        task = asyncio.create_task(daemon.serve(sock))
+        await asyncio.sleep(0)
+        try:
+            await body(Running(socket_path, daemon, service, audit_path))
+        finally:
+            daemon.stop()
+            await asyncio.wait_for(task, 30)
+
+    asyncio.run(main())

@@ -1,0 +1,260 @@
+"""The daemon on a real Unix socket: protocol, authorization, limits, retries, reload, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from pathlib import Path
+
+import orjson
+import pytest
+from daemon_harness import (
+    JOB_COMMAND,
+    JOB_OUT,
+    ROOT,
+    Running,
+    TableRunner,
+    shipped_commands,
+    with_daemon,
+)
+
+from sshadapter.config import Allow
+from sshadapter.daemon import bind_socket
+from sshadapter.errors import ConfigError
+from sshadapter.runners.interface import RunResult
+
+CALL = {"op": "call", "tool": "job_run_status", "args": {"project_id": "bluebird"}}
+AGENT_DATA = {k: JOB_OUT[k] for k in ("project_id", "run_id", "state", "observed_at")}
+
+
+def code(response: dict[str, object]) -> object:
+    return response["error"]["code"]  # type: ignore[index]
+
+
+def test_call_round_trip_returns_only_agent_fields(tmp_path: Path) -> None:
+    """A call through the socket returns the projected data and a daemon-made request id."""
+    async def body(d: Running) -> None:
+        response = await d.ask(CALL)
+        assert response["outcome"] == "success" and response["data"] == AGENT_DATA
+        assert response["request_id"].startswith("req.")
+    with_daemon(tmp_path, body)
+
+
+def test_several_requests_on_one_connection_answer_in_order(tmp_path: Path) -> None:
+    """Three lines in one write get three responses, in order."""
+    async def body(d: Running) -> None:
+        reader, writer = await asyncio.open_unix_connection(str(d.path))
+        bad = {"op": "call", "tool": "job_run_status", "args": {"project_id": "NO!"}}
+        writer.write(b"".join(orjson.dumps(m) + b"\n" for m in (CALL, {"op": "list"}, bad)))
+        answers = [orjson.loads(await reader.readline()) for _ in range(3)]
+        writer.close()
+        assert answers[0]["outcome"] == "success"
+        assert "tools" in answers[1]
+        assert (answers[2]["tool"], code(answers[2])) == ("job_run_status", "INVALID_REQUEST")
+    with_daemon(tmp_path, body)
+
+
+@pytest.mark.parametrize("line", [
+    b"{not json}\n", b'{"op": "call", "op": "list"}\n', b'{"op": "shell", "cmd": "id"}\n',
+    b'{"op": "call", "tool": "job_run_status", "args": {}, "sudo": true}\n', b"[]\n",
+    b'{"op": "call", "tool": "no_such_tool", "args": {}}\n', b"\n", b"\xff\xfe{}\n",
+])
+def test_hostile_requests_get_a_closed_envelope(tmp_path: Path, line: bytes) -> None:
+    """Malformed, duplicate-keyed, unknown-op and unknown-tool lines: INVALID_REQUEST."""
+    async def body(d: Running) -> None:
+        response = await d.ask(line)
+        assert set(response) == {"tool", "request_id", "outcome", "error"}
+        assert (response["tool"], code(response)) == ("sshadapter", "INVALID_REQUEST")
+        assert (await d.ask(CALL))["outcome"] == "success"
+    with_daemon(tmp_path, body)
+
+
+def test_bad_arguments_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    """Shell syntax in an argument fails the parameter pattern; nothing is run."""
+    runner = TableRunner({})
+    async def body(d: Running) -> None:
+        for args in ({"project_id": "x; rm -rf /"}, {}, {"project_id": 7},
+                     {"project_id": "bluebird", "extra": "1"}):
+            response = await d.ask({**CALL, "args": args})
+            assert (response["tool"], code(response)) == ("job_run_status", "INVALID_REQUEST")
+        assert runner.calls == []
+    with_daemon(tmp_path, body, runner=runner)
+
+
+def test_oversized_line_is_refused_and_the_connection_dropped(tmp_path: Path) -> None:
+    """A line over max_request_bytes gets INVALID_REQUEST; the daemon keeps serving."""
+    async def body(d: Running) -> None:
+        reader, writer = await asyncio.open_unix_connection(str(d.path))
+        writer.write(b'{"op": "list", "pad": "' + b"x" * 5000)
+        response = orjson.loads(await reader.readline())
+        assert code(response) == "INVALID_REQUEST"
+        assert await reader.read() == b""  # closed
+        writer.close()
+        assert (await d.ask(CALL))["outcome"] == "success"
+    with_daemon(tmp_path, body, max_request_bytes=1024)
+
+
+def test_client_stalling_mid_line_is_dropped(tmp_path: Path) -> None:
+    """Half a line then silence: the connection is closed after read_timeout_seconds."""
+    async def body(d: Running) -> None:
+        reader, writer = await asyncio.open_unix_connection(str(d.path))
+        writer.write(b'{"op": "li')
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+        assert (await d.ask(CALL))["outcome"] == "success"
+    with_daemon(tmp_path, body, read_timeout_seconds=0.3)
+
+
+def test_denied_uid_gets_denied_and_list_hides_the_tools(tmp_path: Path) -> None:
+    """With nobody allowed, a call is DENIED (the tool named) and list is empty."""
+    async def body(d: Running) -> None:
+        response = await d.ask(CALL)
+        assert (response["tool"], code(response)) == ("job_run_status", "DENIED")
+        assert (await d.ask({"op": "list"})) == {"tools": []}
+    with_daemon(tmp_path, body, allow=Allow(uids=(os.getuid() + 4242,)),
+                commands=ROOT / "commands")
+
+
+def test_list_shows_schemas_of_allowed_tools(tmp_path: Path) -> None:
+    """list gives name, description, version, input and output schema per allowed tool."""
+    async def body(d: Running) -> None:
+        tools = {t["name"]: t for t in (await d.ask({"op": "list"}))["tools"]}
+        # the `ci` tools allow only the group "agents"; the local ones use the default allow
+        assert "disk_usage" in tools and "job_run_status" not in tools
+        tool = tools["disk_usage"]
+        assert set(tool) == {"name", "description", "version", "input_schema", "output_schema"}
+        assert tool["output_schema"]["type"] == "object" and "oneOf" in tool["output_schema"]
+    with_daemon(tmp_path, body, allow=Allow(uids=(os.getuid(),)), commands=ROOT / "commands")
+
+
+def test_many_connections_at_once_then_a_normal_call(tmp_path: Path) -> None:
+    """300 simultaneous connections each get an answer or are dropped; then a call succeeds."""
+    async def body(d: Running) -> None:
+        async def one() -> str:
+            try:
+                return (await d.ask({"op": "list"})).get("error", {}).get("code", "ok")
+            except (ConnectionError, OSError, ValueError):
+                return "dropped"
+        results = await asyncio.gather(*(one() for _ in range(300)))
+        assert set(results) <= {"ok", "OVERLOADED", "dropped"} and "ok" in results
+        assert (await d.ask(CALL))["outcome"] == "success"
+    with_daemon(tmp_path, body, max_connections=64)
+
+
+def test_overload_answers_at_once(tmp_path: Path) -> None:
+    """One slot, no queue: a second concurrent call is OVERLOADED, retryable."""
+    release = asyncio.Event()
+    async def slow() -> RunResult:
+        await release.wait()
+        return RunResult(orjson.dumps(JOB_OUT), b"", 0)
+    async def body(d: Running) -> None:
+        first = asyncio.create_task(d.ask(CALL))
+        await asyncio.sleep(0.2)
+        second = await d.ask(CALL)
+        assert (code(second), second["error"]["retryable"]) == ("OVERLOADED", True)
+        release.set()
+        assert (await first)["outcome"] == "success"
+    with_daemon(tmp_path, body, runner=TableRunner({JOB_COMMAND: slow}),
+                max_concurrent_calls=1, max_queue=0)
+
+
+def test_retry_after_declared_temporary_failure_gives_fresh_evidence(tmp_path: Path) -> None:
+    """Exit 75 then success: job_run_status (idempotent, retries UPSTREAM_UNAVAILABLE) retries."""
+    answers = [RunResult(b"", b"api down\n", 75), RunResult(orjson.dumps(JOB_OUT), b"", 0)]
+    async def next_answer() -> RunResult:
+        return answers.pop(0)
+    runner = TableRunner({JOB_COMMAND: next_answer})
+    async def body(d: Running) -> None:
+        assert (await d.ask(CALL))["outcome"] == "success"
+        result = [r for r in d.audit_records() if r["type"] == "result"][-1]
+        assert [a["exit_status"] for a in result["attempts"]] == [75, 0]
+        intents = [r for r in d.audit_records() if r["type"] == "intent"]
+        assert [i["attempt"] for i in intents] == [1, 2]
+    with_daemon(tmp_path, body, runner=runner)
+
+
+def test_no_retry_for_codes_not_listed(tmp_path: Path) -> None:
+    """INVALID_RESPONSE is not in job_run_status's retry.on: one attempt only."""
+    runner = TableRunner({JOB_COMMAND: RunResult(b"<html>maintenance</html>", b"", 0)})
+    async def body(d: Running) -> None:
+        assert code(await d.ask(CALL)) == "INVALID_RESPONSE"
+        assert len(runner.calls) == 1
+    with_daemon(tmp_path, body, runner=runner)
+
+
+def test_audit_has_intent_before_result_with_the_exact_command(tmp_path: Path) -> None:
+    """Each call leaves an intent and a result naming tool, caller, host and command."""
+    async def body(d: Running) -> None:
+        response = await d.ask(CALL)
+        intent, result = d.audit_records()
+        assert (intent["type"], result["type"]) == ("intent", "result")
+        assert intent["request_id"] == result["request_id"] == response["request_id"]
+        assert result["command"] == JOB_COMMAND and result["caller"]["uid"] == os.getuid()
+        assert result["host"] == "ci" and len(result["command_sha256"]) == 64
+    with_daemon(tmp_path, body)
+
+
+def test_unwritable_audit_means_the_command_does_not_run(tmp_path: Path) -> None:
+    """If the intent record cannot be written, the caller gets INTERNAL and nothing runs."""
+    runner = TableRunner({})
+    async def body(d: Running) -> None:
+        d.service.audit.close()  # every append now fails
+        response = await d.ask(CALL)
+        assert (code(response), response["error"]["retryable"]) == ("INTERNAL", False)
+        assert runner.calls == []
+    with_daemon(tmp_path, body, runner=runner)
+
+
+def test_reload_keeps_the_old_set_when_a_file_is_bad(tmp_path: Path) -> None:
+    """SIGHUP with a broken command file keeps serving the previous tools."""
+    commands = tmp_path / "commands"
+    commands.mkdir()
+    source = shipped_commands(tmp_path / "all") / "job_run_status.toml"
+    (commands / source.name).write_bytes(source.read_bytes())
+    async def body(d: Running) -> None:
+        (commands / "broken.toml").write_text("nonsense = true\n")
+        d.daemon.reload()
+        assert (await d.ask(CALL))["outcome"] == "success"
+        (commands / "broken.toml").unlink()
+        d.daemon.reload()
+        assert set(d.service.registry.operations) == {"job_run_status"}
+    with_daemon(tmp_path, body, commands=commands)
+
+
+def test_stop_drains_in_flight_calls(tmp_path: Path) -> None:
+    """A call in flight when the daemon is told to stop still gets its answer."""
+    async def slow() -> RunResult:
+        await asyncio.sleep(0.5)
+        return RunResult(orjson.dumps(JOB_OUT), b"", 0)
+    async def body(d: Running) -> None:
+        pending = asyncio.create_task(d.ask(CALL))
+        await asyncio.sleep(0.1)
+        d.daemon.stop()
+        assert (await pending)["outcome"] == "success"
+    with_daemon(tmp_path, body, runner=TableRunner({JOB_COMMAND: slow}))
+
+
+def test_stale_socket_is_replaced_but_a_live_one_is_not(tmp_path: Path) -> None:
+    """A socket file nobody listens on is replaced; a listening one is refused."""
+    path = tmp_path / "s.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()
+    live = bind_socket(path, 0o660, "")
+    assert oct(path.stat().st_mode & 0o777) == "0o660"
+    with pytest.raises(ConfigError, match="another daemon"):
+        bind_socket(path, 0o660, "")
+    live.close()
+
+
+def test_socket_path_that_is_a_file_or_symlink_is_never_replaced(tmp_path: Path) -> None:
+    """A regular file or a symlink at the socket path is refused, not deleted or followed."""
+    target = tmp_path / "precious"
+    target.write_text("data")
+    link = tmp_path / "link.sock"
+    link.symlink_to(target)
+    for path in (target, link):
+        with pytest.raises(ConfigError, match="not a socket"):
+            bind_socket(path, 0o660, "")
+    assert target.read_text() == "data" and link.is_symlink()
