@@ -1,4 +1,4 @@
-"""The command line: ``sshadapter check | schema`` (and, as they land, serve, call, list, demo).
+"""The command line: ``sshadapter serve | call | list | check | schema | demo``.
 
 Exit status: 0 success, 1 a check missed or a call failed, 2 a usage or
 configuration error. An operator's mistake is one line naming the file, the
@@ -66,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_socket(list_)
     list_.set_defaults(handler=_cmd_list)
 
+    demo = sub.add_parser("demo", help="run the daemon against an embedded SSH target, "
+                          "make example calls, clean up (no root, no sshd, no config)")
+    demo.set_defaults(handler=_cmd_demo)
+
     schema = sub.add_parser("schema", help="print a tool's published envelope schema")
     _add_config(schema)
     schema.add_argument("tool")
@@ -94,6 +98,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if path is None and DEFAULT_CONFIG_PATH.is_file():
         path = DEFAULT_CONFIG_PATH
     return asyncio.run(run_daemon(path))
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from sshadapter.demo import run_demo
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return asyncio.run(run_demo())
 
 
 def _cmd_call(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Final
 
 import orjson
+from prometheus_client import start_http_server
 
 from sshadapter import envelope, systemd
 from sshadapter.audit import AuditLog
@@ -154,8 +155,10 @@ class Daemon:
         except ConfigError as exc:
             log.error("reload refused, keeping %d tools: %s",
                       len(self.service.registry.operations), exc)
+            self.service.metrics.reloads.labels("failure").inc()
         else:
             self.service.registry = registry
+            self.service.metrics.reloads.labels("success").inc()
             log.info("reloaded %d tools", len(registry.operations))
         try:
             self.audit.reopen()
@@ -244,6 +247,12 @@ async def run_daemon(config_path: Path | None, runner: Runner | None = None) -> 
         max_concurrent_calls=config.server.max_concurrent_calls,
         max_queue=config.server.max_queue,
     )
+    connections = getattr(runner, "connections", None)
+    if connections is not None:
+        service.metrics.watch_connections(connections)
+    if config.metrics.listen:
+        host, _, port = config.metrics.listen.rpartition(":")
+        start_http_server(int(port), addr=host.strip("[]"), registry=service.metrics.registry)
     sock, bound_here = open_listening_socket(config)
     inode = os.lstat(config.server.socket_path).st_ino if bound_here else None
     try:

@@ -26,6 +26,7 @@ from sshadapter.audit import AuditError, AuditLog, now_text
 from sshadapter.commands import Operation, Registry
 from sshadapter.config import Allow
 from sshadapter.errors import RequestError, UpstreamError
+from sshadapter.metrics import CONNECT_FAILURE_REASONS, Metrics
 from sshadapter.pipeline import Verdict, evaluate, seal
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.strict_json import StrictJSONError, strict_loads
@@ -129,6 +130,7 @@ class Service:
         max_request_bytes: int,
         max_concurrent_calls: int,
         max_queue: int,
+        metrics: Metrics | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.registry = registry
@@ -137,21 +139,27 @@ class Service:
         self.default_allow = default_allow
         self.max_request_bytes = max_request_bytes
         self.admission = Admission(max_concurrent_calls, max_queue)
+        self.metrics = metrics or Metrics()
+        self.metrics.inflight.set_function(lambda: self.admission.admitted)
         self.clock = clock
 
     async def handle(self, line: bytes, peer: Peer) -> bytes:
         """One request line in, one response line out (without the newline)."""
         request_id = envelope.new_request_id()
+        started = time.monotonic()
         try:
             request = receive(line, self.max_request_bytes)                     # 1
+            if request.op == "list":
+                return _line({"tools": self.tools_for(peer)})
+            op = self.registry.get(request.tool)
+            if op is None:
+                raise RequestError("unknown_tool")
         except RequestError as exc:
-            log.info("%s rejected request from uid %d: %s", request_id, peer.uid, exc.reason)
-            return _line(envelope.failure(envelope.SYSTEM_TOOL, request_id, "INVALID_REQUEST"))
-        if request.op == "list":
-            return _line({"tools": self.tools_for(peer)})
-        op = self.registry.get(request.tool)
-        if op is None:
-            log.info("%s unknown tool from uid %d", request_id, peer.uid)
+            # Logged, counted, not audited: nothing could run, and the line itself may be
+            # hostile bulk that has no business in the audit trail.
+            log.info("%s request from uid %d refused: %s", request_id, peer.uid, exc.reason)
+            self.metrics.observe_call(envelope.SYSTEM_TOOL, "failure", "INVALID_REQUEST",
+                                      "request", exc.reason, time.monotonic() - started)
             return _line(envelope.failure(envelope.SYSTEM_TOOL, request_id, "INVALID_REQUEST"))
         return _line(await self._call(op, request.args, peer, request_id))
 
@@ -185,6 +193,7 @@ class Service:
                               reason="overloaded")
         except AuditError as exc:
             log.error("%s intent not written, command not run: %s", request_id, exc)
+            self.metrics.audit_failures.inc()
             verdict = Verdict(code="INTERNAL", stage="audit", reason="intent_not_written")
         return await self._finish(call, verdict)                                  # 11
 
@@ -221,8 +230,21 @@ class Service:
             await self.audit.append(call.result(verdict, sealed))                 # 11
         except AuditError as exc:
             log.error("%s result not written: %s", call.request_id, exc)
-            return envelope.failure(call.op.name, call.request_id, "INTERNAL", False)
+            self.metrics.audit_failures.inc()
+            sealed = envelope.failure(call.op.name, call.request_id, "INTERNAL", False)
+        self._count(call, verdict, sealed)
         return sealed
+
+    def _count(self, call: CallRecord, verdict: Verdict, sealed: Mapping[str, Any]) -> None:
+        m, tool = self.metrics, call.op.name
+        code = sealed["error"]["code"] if sealed["outcome"] == "failure" else None
+        m.observe_call(tool, sealed["outcome"], code, verdict.stage, verdict.reason,
+                       time.monotonic() - call.started)
+        for attempt in call.attempts:
+            if "stdout_bytes" in attempt:
+                m.output_bytes.labels(tool).observe(attempt["stdout_bytes"])
+            if attempt.get("transport_error") in CONNECT_FAILURE_REASONS:
+                m.connect_failures.labels(call.op.spec.host, attempt["transport_error"]).inc()
 
 
 def _should_retry(op: Operation, verdict: Verdict, ran: bool, attempts: int,
@@ -246,6 +268,7 @@ class CallRecord:
     request_id: str
     command: str = ""
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
 
     def _common(self, kind: str) -> dict[str, Any]:
         return {

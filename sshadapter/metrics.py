@@ -1,0 +1,93 @@
+"""Prometheus metrics of calls and rejections, on a loopback listener.
+
+Contract: DESIGN.md "Metrics". Every label value comes from a finite set:
+tool names from the loaded registry (``sshadapter`` for requests that name no
+known tool), outcomes and codes from the envelope contract, stages and
+reasons from the finite lists in ``errors``, host aliases from the config.
+Nothing a client or a remote side sends becomes a label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Final
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from sshadapter import __version__
+
+# Seconds: a warm SSH call takes ~4 ms; timeouts go up to minutes.
+DURATION_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Bytes of stdout: from a one-line fact to the 16 MiB ceiling.
+OUTPUT_BUCKETS: Final = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)
+CONNECT_FAILURE_REASONS: Final = frozenset({
+    "connect_refused", "connect_timeout", "connect_failed", "host_key_mismatch",
+    "host_key_unknown", "auth_failed", "no_credentials",
+})
+
+
+class _ConnectionsCollector(Collector):
+    """Open SSH connections per host alias, read from the runner at scrape time."""
+
+    def __init__(self, source: Callable[[], Mapping[str, int]]) -> None:
+        self._source = source
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        family = GaugeMetricFamily("sshadapter_ssh_connections", "Open SSH connections per host.",
+                                   labels=["host"])
+        for host, count in sorted(self._source().items()):
+            family.add_metric([host], count)
+        yield family
+
+
+class Metrics:
+    """The daemon's metrics, in a registry of their own (tests make one each)."""
+
+    def __init__(self) -> None:
+        disable_created_metrics()  # *_created series double the output and nobody graphs them
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.calls = Counter("sshadapter_calls", "Calls answered, by outcome and error code.",
+                             ["tool", "outcome", "code"], registry=r)
+        self.rejections = Counter("sshadapter_rejections",
+                                  "Outputs and requests rejected, by stage and reason.",
+                                  ["tool", "stage", "reason"], registry=r)
+        self.duration = Histogram("sshadapter_call_duration_seconds",
+                                  "Time from request to response.", ["tool"],
+                                  buckets=DURATION_BUCKETS, registry=r)
+        self.output_bytes = Histogram("sshadapter_output_bytes", "Bytes of stdout per attempt.",
+                                      ["tool"], buckets=OUTPUT_BUCKETS, registry=r)
+        self.inflight = Gauge("sshadapter_inflight_calls", "Calls running or waiting.",
+                              registry=r)
+        self.connect_failures = Counter("sshadapter_ssh_connect_failures",
+                                        "Failed SSH connection attempts.", ["host", "reason"],
+                                        registry=r)
+        self.audit_failures = Counter("sshadapter_audit_write_failures",
+                                      "Audit records that could not be written.", registry=r)
+        self.reloads = Counter("sshadapter_reloads", "Reloads of commands and schemas.",
+                               ["result"], registry=r)
+        build = Gauge("sshadapter_build_info", "Version of the running daemon.", ["version"],
+                      registry=r)
+        build.labels(__version__).set(1)
+
+    def watch_connections(self, source: Callable[[], Mapping[str, int]]) -> None:
+        self.registry.register(_ConnectionsCollector(source))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def observe_call(self, tool: str, outcome: str, code: str | None, stage: str | None,
+                     reason: str | None, seconds: float) -> None:
+        self.calls.labels(tool, outcome, code or "none").inc()
+        self.duration.labels(tool).observe(seconds)
+        if outcome == "failure" and stage and reason:
+            self.rejections.labels(tool, stage, reason).inc()
