@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from sshadapter import envelope
 from sshadapter.checks import Checks
 from sshadapter.config import Allow
-from sshadapter.errors import ConfigError, RequestError
+from sshadapter.errors import ConfigError, EvidenceError, RequestError
 from sshadapter.extract import (
     DEFAULT_MAX_ROWS,
     FieldType,
@@ -203,8 +203,11 @@ class Operation:
 
     def check_args(self, args: Any) -> None:
         """Stage 3: the arguments against the closed parameter schema."""
-        if not self.params_validator.is_valid(args):
-            raise RequestError("bad_arguments", f"arguments do not match {self.name}'s schema")
+        try:
+            self.params_validator.validate(args)
+        except EvidenceError as exc:  # the validator speaks of evidence; here the caller erred
+            where = exc.instance_path or "/"
+            raise RequestError("bad_arguments", f"{where}: {exc.detail[:200]}") from exc
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,10 @@ async def run_demo(out: Callable[[str], None] = print) -> int:
                 response = await _call(config.server.socket_path, tool, args)
                 out(f"# {why}\n$ sshadapter call {tool} "
                     + " ".join(f"{k}={shlex.quote(v)}" for k, v in args.items()))
-                out(orjson.dumps(response).decode() + "\n")
+                out(orjson.dumps(response).decode())
+                if response.get("outcome") == "failure":
+                    out(f"  operator's audit record: {_audit_reason(config.audit.path, response)}")
+                out("")
             out("the rejection counters an operator scrapes (sshadapter_rejections_total):")
             for line in service.metrics.exposition().decode().splitlines():
                 if line.startswith("sshadapter_rejections_total"):
@@ -186,6 +189,16 @@ async def _call(path: Path, tool: str, args: dict[str, Any]) -> Any:
         return orjson.loads(await reader.readline())
     finally:
         writer.close()
+
+
+def _audit_reason(audit_path: Path, response: dict[str, Any]) -> str:
+    """Why the call failed, as the result record tells the operator (never the agent)."""
+    for line in reversed(audit_path.read_bytes().splitlines()):
+        record = orjson.loads(line)
+        if record.get("request_id") == response["request_id"] and record["type"] == "result":
+            where = f" at {record['instance_path']}" if record["instance_path"] else ""
+            return f"{record['stage']}/{record['reason']}{where}: {record['detail'][:100]}"
+    return "request refused before any call record (logged and counted)"
 
 
 def _examples_root() -> Path:

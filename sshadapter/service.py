@@ -182,7 +182,7 @@ class Service:
             op.check_args(args)                                                  # 3
         except RequestError as exc:
             return await self._finish(call, Verdict(code="INVALID_REQUEST", stage="request",
-                                                    reason=exc.reason))
+                                                    reason=exc.reason, detail=exc.detail))
         call.command = op.command(args)
         try:
             with self.admission.ticket() as slots:
