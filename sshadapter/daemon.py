@@ -26,8 +26,10 @@ from sshadapter import envelope, systemd
 from sshadapter.audit import AuditLog
 from sshadapter.commands import load_registry
 from sshadapter.config import Config, load_config
-from sshadapter.errors import ConfigError
+from sshadapter.errors import ConfigError, UpstreamError
+from sshadapter.metrics import Metrics
 from sshadapter.runners.interface import Runner
+from sshadapter.runners.ssh import SshRunner
 from sshadapter.service import Peer, Service
 
 log = logging.getLogger(__name__)
@@ -233,35 +235,44 @@ def open_listening_socket(config: Config) -> tuple[socket.socket, bool]:
 
 async def run_daemon(config_path: Path | None, runner: Runner | None = None) -> int:
     """`sshadapter serve`: load everything, bind, serve until told to stop."""
-    from sshadapter.runners.ssh import SshRunner
-
     config, _ = load_config(config_path)
     registry = load_registry(config.paths.commands, config.paths.schemas,
                              hosts=config.hosts.keys())
     audit = AuditLog(config.audit.path, fsync=config.audit.fsync)
     audit.open()
-    runner = runner or SshRunner(config.hosts)
+    metrics = Metrics()
+    ssh = SshRunner(config.hosts, on_connect_failure=lambda host, reason:
+                    metrics.connect_failures.labels(host, reason).inc())
+    metrics.watch_connections(ssh.connections)
     service = Service(
-        registry, runner, audit, default_allow=config.server.allow,
+        registry, runner or ssh, audit, default_allow=config.server.allow,
         max_request_bytes=config.server.max_request_bytes,
         max_concurrent_calls=config.server.max_concurrent_calls,
-        max_queue=config.server.max_queue,
+        max_queue=config.server.max_queue, metrics=metrics,
     )
-    connections = getattr(runner, "connections", None)
-    if connections is not None:
-        service.metrics.watch_connections(connections)
+    warming = [asyncio.create_task(_warm(ssh, alias)) for alias in config.hosts]
     if config.metrics.listen:
         host, _, port = config.metrics.listen.rpartition(":")
         start_http_server(int(port), addr=host.strip("[]"), registry=service.metrics.registry)
     sock, bound_here = open_listening_socket(config)
     inode = os.lstat(config.server.socket_path).st_ino if bound_here else None
     try:
-        await Daemon(config, config_path, service, runner, audit).serve(sock)
+        await Daemon(config, config_path, service, runner or ssh, audit).serve(sock)
     finally:
+        for task in warming:
+            task.cancel()
         sock.close()
         if bound_here:
             _unlink_if_ours(config.server.socket_path, inode)
     return 0
+
+
+async def _warm(runner: SshRunner, alias: str) -> None:
+    """Open the first connection before the first call needs it; a failure is only logged."""
+    try:
+        await runner.warm(alias)
+    except UpstreamError as exc:
+        log.warning("host %s not reachable yet: %s", alias, exc)
 
 
 def _unlink_if_ours(path: Path, inode: int | None) -> None:

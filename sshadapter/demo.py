@@ -26,9 +26,17 @@ import orjson
 
 from sshadapter.audit import AuditLog
 from sshadapter.commands import load_registry
-from sshadapter.config import Allow, Config, HostSection
+from sshadapter.config import (
+    Allow,
+    AuditSection,
+    Config,
+    HostSection,
+    PathsSection,
+    ServerSection,
+)
 from sshadapter.daemon import Daemon, bind_socket
 from sshadapter.rfc3339 import format_rfc3339
+from sshadapter.runners.ssh import SshRunner
 from sshadapter.service import Service
 
 LOCAL_COMMANDS: Final = frozenset({"df", "cat", "findmnt", "systemctl"})
@@ -132,8 +140,6 @@ CALLS: Final[list[tuple[str, str, dict[str, Any]]]] = [
 
 
 async def run_demo(out: Callable[[str], None] = print) -> int:
-    from sshadapter.runners.ssh import SshRunner
-
     root = _examples_root()
     with tempfile.TemporaryDirectory(prefix="sshadapter-demo-") as tmp:
         workdir = Path(tmp)
@@ -141,11 +147,13 @@ async def run_demo(out: Callable[[str], None] = print) -> int:
         commands = _demo_commands(root / "commands", workdir / "commands")
         host = HostSection(address="127.0.0.1", port=port, user=os.environ.get("USER") or "demo",
                            client_keys=(client_key,), known_hosts=known_hosts)
-        config = Config(server={"socket_path": workdir / "sshadapter.sock"},
-                        paths={"commands": commands, "schemas": root / "schemas"},
-                        audit={"path": workdir / "audit.jsonl", "fsync": "never",
-                               "quarantine_dir": workdir / "quarantine"},
-                        hosts={"ci": host, "local": host})
+        config = Config(
+            server=ServerSection(socket_path=workdir / "sshadapter.sock"),
+            paths=PathsSection(commands=commands, schemas=root / "schemas"),
+            audit=AuditSection(path=workdir / "audit.jsonl", fsync="never",
+                               quarantine_dir=workdir / "quarantine"),
+            hosts={"ci": host, "local": host},
+        )
         registry = load_registry(commands, root / "schemas", hosts=config.hosts.keys())
         audit = AuditLog(config.audit.path, fsync="never")
         audit.open()

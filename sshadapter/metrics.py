@@ -29,10 +29,6 @@ from sshadapter import __version__
 DURATION_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 # Bytes of stdout: from a one-line fact to the 16 MiB ceiling.
 OUTPUT_BUCKETS: Final = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)
-CONNECT_FAILURE_REASONS: Final = frozenset({
-    "connect_refused", "connect_timeout", "connect_failed", "host_key_mismatch",
-    "host_key_unknown", "auth_failed", "no_credentials",
-})
 
 
 class _ConnectionsCollector(Collector):
@@ -53,7 +49,7 @@ class Metrics:
     """The daemon's metrics, in a registry of their own (tests make one each)."""
 
     def __init__(self) -> None:
-        disable_created_metrics()  # *_created series double the output and nobody graphs them
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created: noise
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.calls = Counter("sshadapter_calls", "Calls answered, by outcome and error code.",

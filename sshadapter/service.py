@@ -26,7 +26,7 @@ from sshadapter.audit import AuditError, AuditLog, now_text
 from sshadapter.commands import Operation, Registry
 from sshadapter.config import Allow
 from sshadapter.errors import RequestError, UpstreamError
-from sshadapter.metrics import CONNECT_FAILURE_REASONS, Metrics
+from sshadapter.metrics import Metrics
 from sshadapter.pipeline import Verdict, evaluate, seal
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.strict_json import StrictJSONError, strict_loads
@@ -243,8 +243,6 @@ class Service:
         for attempt in call.attempts:
             if "stdout_bytes" in attempt:
                 m.output_bytes.labels(tool).observe(attempt["stdout_bytes"])
-            if attempt.get("transport_error") in CONNECT_FAILURE_REASONS:
-                m.connect_failures.labels(call.op.spec.host, attempt["transport_error"]).inc()
 
 
 def _should_retry(op: Operation, verdict: Verdict, ran: bool, attempts: int,

@@ -1,0 +1,388 @@
+"""SSH servers for tests and benchmarks: a real OpenSSH sshd, and an asyncssh fault server.
+
+``running_sshd()`` starts ``/usr/sbin/sshd -D -e -f <config>`` on 127.0.0.1 at a
+free port, with a host key and a client key generated for the run, and yields
+an ``Sshd`` whose ``host_section()`` is ready for ``SshRunner``. As root it logs
+in as a dedicated unprivileged account (``sshadapter-test``, created on first
+use); otherwise as the current user, the only one a non-root sshd can log in.
+
+``running_fault_server()`` runs an asyncssh server in its own thread and event
+loop for what sshd cannot do on demand; the command string picks the behaviour:
+
+    hang                 never answer (until the client closes the channel)
+    drop N               write N bytes of stdout, then drop the TCP connection
+    flood-stdout N       write N bytes of stdout in chunks, honouring flow control
+    flood-stderr N       the same on stderr
+    echo WORDS...        print WORDS and a newline, exit 0
+    exit N               exit with status N
+
+Neither needs pytest-asyncio: the servers live outside the test's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import asyncssh
+import pytest
+
+from sshadapter.config import HostSection
+
+SSHD: Final = Path("/usr/sbin/sshd")
+TEST_ACCOUNT: Final = "sshadapter-test"
+READY_TIMEOUT_SECONDS: Final = 10.0  # sshd starts in ~50 ms; a loaded CI box gets slack
+STOP_TIMEOUT_SECONDS: Final = 5.0  # SIGTERM, then SIGKILL after this
+START_ATTEMPTS: Final = 3  # another run may grab the free port between probe and bind
+FLOOD_CHUNK_BYTES: Final = 64 * 1024  # the fault server writes floods in chunks this size
+
+# The test sshd's whole configuration. Deliberate choices:
+# - StrictModes no: sshd would refuse authorized_keys in a temp dir not owned the
+#   way it wants (ownership of every parent directory); acceptable only in a test.
+# - AcceptEnv LC_*: sshd would accept such variables, so the "no environment
+#   forwarded" test proves the client sends none rather than that sshd drops them.
+# - PermitUserRC no: ~/.ssh/rc output would precede every command's stdout.
+# - MaxSessions and MaxStartups are OpenSSH's defaults, written out because the
+#   runner's pool bounds are tuned against them.
+SSHD_CONFIG: Final = """\
+ListenAddress 127.0.0.1:{port}
+HostKey {host_key}
+PidFile {workdir}/sshd.pid
+AuthorizedKeysFile {workdir}/authorized_keys
+AllowUsers {user}
+StrictModes no
+UsePAM no
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin no
+PermitUserRC no
+PrintMotd no
+PrintLastLog no
+X11Forwarding no
+AllowAgentForwarding no
+AllowTcpForwarding no
+AcceptEnv LC_*
+MaxSessions {max_sessions}
+MaxStartups 10:30:100
+LogLevel ERROR
+"""
+
+
+@dataclass(frozen=True)
+class Sshd:
+    """A running test sshd and the files a client needs to reach it."""
+
+    address: str
+    port: int
+    user: str
+    client_key: Path
+    known_hosts: Path
+    host_key: Path
+    workdir: Path
+
+    def host_section(self, **overrides: Any) -> HostSection:
+        """A [hosts.<alias>] section for this server; keyword arguments override fields."""
+        fields: dict[str, Any] = {
+            "address": self.address, "port": self.port, "user": self.user,
+            "client_keys": (self.client_key,), "known_hosts": self.known_hosts,
+            "connect_timeout_seconds": 5.0,
+        }
+        fields.update(overrides)
+        return HostSection(**fields)
+
+
+def require_sshd() -> None:
+    """Skip when OpenSSH is not installed, or fail when $CI says it must be."""
+    if SSHD.exists() and shutil.which("ssh-keygen"):
+        return
+    message = "OpenSSH sshd/ssh-keygen not installed: run scripts/install-test-deps"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def generate_key(path: Path, comment: str = "sshadapter-test") -> str:
+    """An unencrypted ed25519 key pair at ``path`` (+ ``.pub``); returns the public line."""
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        check=True, stdin=subprocess.DEVNULL, capture_output=True,
+    )
+    return path.with_suffix(".pub").read_text().strip()
+
+
+def write_known_hosts(path: Path, address: str, port: int, public_key_line: str) -> Path:
+    """known_hosts naming ``[address]:port`` with one key ("type base64 [comment]")."""
+    key_type, key_data = public_key_line.split()[:2]
+    path.write_text(f"[{address}]:{port} {key_type} {key_data}\n")
+    return path
+
+
+def login_account() -> str:
+    """The account sshd logs the tests in as (created when running as root)."""
+    if os.geteuid() != 0:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    _ensure_test_account()
+    return TEST_ACCOUNT
+
+
+def _ensure_test_account() -> None:
+    """Create ``sshadapter-test`` once; idempotent, and safe when runs race."""
+    try:
+        pwd.getpwnam(TEST_ACCOUNT)
+    except KeyError:
+        created = subprocess.run(
+            ["useradd", "--system", "--create-home", "--shell", "/bin/sh", TEST_ACCOUNT],
+            capture_output=True, text=True, check=False,
+        )
+        try:
+            pwd.getpwnam(TEST_ACCOUNT)  # another run may have created it meanwhile
+        except KeyError:
+            raise RuntimeError(f"useradd {TEST_ACCOUNT} failed: {created.stderr}") from None
+    # useradd leaves the password "!" (locked); sshd without PAM refuses locked
+    # accounts even for key logins. "*" means "no password" without the lock.
+    if _shadow_password(TEST_ACCOUNT).startswith("!"):
+        subprocess.run(["usermod", "-p", "*", TEST_ACCOUNT], check=True, capture_output=True)
+    # sshd as root wants its privilege separation directory (Debian creates it at boot).
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+
+
+def _shadow_password(user: str) -> str:
+    with open("/etc/shadow") as shadow:
+        for line in shadow:
+            fields = line.split(":")
+            if fields[0] == user:
+                return fields[1]
+    return ""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def running_sshd(*, max_sessions: int = 10) -> Iterator[Sshd]:
+    """Start a private sshd; stop it and remove its files on exit."""
+    require_sshd()
+    user = login_account()
+    # Not under pytest's tmp_path: that is 0700 root, and sshd reads authorized_keys
+    # as the login account, which must be able to traverse to it.
+    workdir = Path(tempfile.mkdtemp(prefix="sshadapter-sshd-"))
+    try:
+        workdir.chmod(0o755)
+        host_key, client_key = workdir / "host_key", workdir / "client_key"
+        host_public = generate_key(host_key, "sshadapter-test-host")
+        authorized = workdir / "authorized_keys"
+        authorized.write_text(generate_key(client_key) + "\n")
+        authorized.chmod(0o644)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            port = _free_port()
+            config = workdir / "sshd_config"
+            config.write_text(SSHD_CONFIG.format(
+                port=port, host_key=host_key, workdir=workdir, user=user,
+                max_sessions=max_sessions))
+            with _sshd_process(config, workdir / "sshd.log", port) as started:
+                if not started:
+                    if attempt == START_ATTEMPTS:
+                        log = (workdir / "sshd.log").read_text(errors="replace")
+                        raise RuntimeError(f"sshd did not start: {log}")
+                    continue
+                yield Sshd(
+                    address="127.0.0.1", port=port, user=user, client_key=client_key,
+                    known_hosts=write_known_hosts(
+                        workdir / "known_hosts", "127.0.0.1", port, host_public),
+                    host_key=host_key, workdir=workdir,
+                )
+                return
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _sshd_process(config: Path, log_path: Path, port: int) -> Iterator[bool]:
+    """Run sshd; yields whether it answered on ``port`` with an SSH banner in time."""
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [str(SSHD), "-D", "-e", "-f", str(config)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            yield _wait_ready(process, port)
+        finally:
+            process.terminate()
+            try:
+                process.wait(STOP_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _wait_ready(process: subprocess.Popen[bytes], port: int) -> bool:
+    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False  # e.g. the port was taken after all
+        with (contextlib.suppress(OSError),
+              socket.create_connection(("127.0.0.1", port), timeout=1.0) as probe):
+            if probe.recv(4) == b"SSH-":
+                return True
+        time.sleep(0.02)
+    return False
+
+
+# The asyncssh fault server -------------------------------------------------
+
+
+class FaultServer:
+    """An asyncssh server in a thread of its own, scripted by the command string."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = 0
+        self.user = "fault"
+        self.flood_bytes_written = 0  # by the last flood, when the client cut it off
+        host_key = asyncssh.generate_private_key("ssh-ed25519")
+        client_key = asyncssh.generate_private_key("ssh-ed25519")
+        self.client_key = workdir / "fault_client_key"
+        client_key.write_private_key(self.client_key)
+        self.client_key.chmod(0o600)
+        self._host_key = host_key
+        self._host_public = host_key.export_public_key().decode()
+        self._authorized = asyncssh.import_authorized_keys(
+            client_key.export_public_key().decode())
+        self.known_hosts = workdir / "fault_known_hosts"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._connections: set[asyncssh.SSHServerConnection] = set()
+        self._error: BaseException | None = None
+
+    def host_section(self, **overrides: Any) -> HostSection:
+        fields: dict[str, Any] = {
+            "address": "127.0.0.1", "port": self.port, "user": self.user,
+            "client_keys": (self.client_key,), "known_hosts": self.known_hosts,
+            "connect_timeout_seconds": 5.0,
+        }
+        fields.update(overrides)
+        return HostSection(**fields)
+
+    def start(self) -> None:
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(ready,), daemon=True)
+        self._thread.start()
+        if not ready.wait(READY_TIMEOUT_SECONDS) or self._error is not None:
+            raise RuntimeError(f"fault server did not start: {self._error!r}")
+        write_known_hosts(self.known_hosts, "127.0.0.1", self.port, self._host_public)
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(STOP_TIMEOUT_SECONDS)
+
+    def drop_connections(self) -> None:
+        """Abort every server-side connection: the client's pooled ones go stale."""
+        if self._loop is not None:
+            done = threading.Event()
+
+            def abort_all() -> None:
+                for conn in list(self._connections):
+                    conn.abort()
+                done.set()
+
+            self._loop.call_soon_threadsafe(abort_all)
+            done.wait(STOP_TIMEOUT_SECONDS)
+
+    def _serve(self, ready: threading.Event) -> None:
+        try:
+            asyncio.run(self._main(ready))
+        except BaseException as exc:  # reported by start()
+            self._error = exc
+            ready.set()
+
+    async def _main(self, ready: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        server = self
+
+        class Tracking(asyncssh.SSHServer):
+            def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+                server._connections.add(conn)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                server._connections.difference_update(
+                    [c for c in server._connections if c.is_closed()])
+
+        acceptor = await asyncssh.create_server(
+            Tracking, "127.0.0.1", 0, config=None,
+            server_host_keys=[self._host_key], authorized_client_keys=self._authorized,
+            process_factory=self._handle, encoding=None,
+        )
+        self.port = acceptor.get_port()
+        ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            acceptor.close()
+            await acceptor.wait_closed()
+            for conn in list(self._connections):
+                conn.abort()
+
+    async def _handle(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
+        verb, *args = (process.command or "").split()
+        status = 0
+        try:
+            if verb == "hang":
+                await process.channel.wait_closed()
+            elif verb == "drop":
+                process.stdout.write(b"x" * int(args[0]))
+                await process.stdout.drain()
+                process.channel.get_connection().abort()
+            elif verb in {"flood-stdout", "flood-stderr"}:
+                stream = process.stdout if verb == "flood-stdout" else process.stderr
+                await self._flood(stream, int(args[0]))
+            elif verb == "echo":
+                process.stdout.write(" ".join(args).encode() + b"\n")
+            elif verb == "exit":
+                status = int(args[0])
+            else:
+                process.stderr.write(b"unknown fault command\n")
+                status = 127
+        except (OSError, asyncssh.Error):
+            pass  # the client went away, which is the point of most of these cases
+        with contextlib.suppress(OSError, asyncssh.Error):
+            process.exit(status)
+
+    async def _flood(self, stream: asyncssh.SSHWriter[bytes], total: int) -> None:
+        chunk = b"y" * FLOOD_CHUNK_BYTES
+        self.flood_bytes_written = 0
+        while self.flood_bytes_written < total:
+            piece = chunk[: total - self.flood_bytes_written]
+            stream.write(piece)
+            await stream.drain()
+            self.flood_bytes_written += len(piece)
+
+
+@contextlib.contextmanager
+def running_fault_server(workdir: Path) -> Iterator[FaultServer]:
+    server = FaultServer(workdir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
