@@ -14,7 +14,7 @@ import orjson
 
 from sshadapter.audit import AuditLog
 from sshadapter.commands import load_registry
-from sshadapter.config import Allow, Config
+from sshadapter.config import Allow, Config, HostSection
 from sshadapter.daemon import Daemon, bind_socket
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.service import Service
@@ -90,6 +90,8 @@ def with_daemon(
     runner: Runner | None = None,
     allow: Allow | None = None,
     commands: Path | None = None,
+    schemas: Path = ROOT / "schemas",
+    hosts: Mapping[str, HostSection] | None = None,
     **server: Any,
 ) -> None:
     """Start a daemon, run ``body`` against it, stop it (draining), all in one event loop."""
@@ -101,12 +103,13 @@ def with_daemon(
         audit_path = tmp_path / "audit.jsonl"
         config = Config(
             server={"socket_path": socket_path, **server},
-            paths={"commands": commands, "schemas": ROOT / "schemas"},
+            paths={"commands": commands, "schemas": schemas},
             audit={"path": audit_path, "fsync": "never"},
-            hosts={alias: {"address": "127.0.0.1", "user": "nobody",
-                           "known_hosts": tmp_path / "known_hosts"} for alias in ("ci", "local")},
+            hosts=hosts or {alias: HostSection(address="127.0.0.1", user="nobody",
+                                               known_hosts=tmp_path / "known_hosts")
+                            for alias in ("ci", "local")},
         )
-        registry = load_registry(commands, ROOT / "schemas", hosts=config.hosts.keys())
+        registry = load_registry(commands, schemas, hosts=config.hosts.keys())
         audit = AuditLog(audit_path, fsync="never")
         audit.open()
         use_runner = runner or job_runner()

@@ -1,0 +1,37 @@
+"""`sshadapter demo`, the README's first command: no root, no sshd, no configuration needed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from itertools import pairwise
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_demo_shows_accepted_and_rejected_results_and_cleans_up() -> None:
+    """The demo prints envelopes for real and scripted calls, the counters, and leaves nothing."""
+    before = set(Path(tempfile.gettempdir()).glob("sshadapter-demo-*"))
+    done = subprocess.run([sys.executable, "-m", "sshadapter.cli", "demo"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    envelopes = {}
+    lines = done.stdout.splitlines()
+    for command, response in pairwise(lines):
+        if command.startswith("$ sshadapter call "):
+            envelopes[command.removeprefix("$ sshadapter call ")] = json.loads(response)
+    assert envelopes["load_average "]["outcome"] == "success"
+    assert envelopes["disk_usage path=/"]["data"]["mounted_on"] == "/"
+    assert envelopes["job_run_status project_id=bluebird"]["outcome"] == "success"
+    assert "log_tail" not in envelopes["job_run_status project_id=bluebird"]["data"]
+    banner = envelopes["deploy_status environment=staging"]
+    assert banner["error"] == {"code": "INVALID_RESPONSE", "retryable": False}
+    assert "production" not in json.dumps(banner)  # the banner's instruction never gets out
+    assert envelopes["run_shell command=id"]["tool"] == "sshadapter"
+    assert ('sshadapter_rejections_total{reason="schema_mismatch",stage="schema",'
+            'tool="deploy_status"} 1.0') in done.stdout
+    assert set(Path(tempfile.gettempdir()).glob("sshadapter-demo-*")) == before
