@@ -1,4 +1,4 @@
-"""The command line: ``sshadapter serve | call | list | check | schema | demo``.
+"""The command line: ``sshadapter serve | call | list | check | schema | demo | audit verify``.
 
 Exit status: 0 success, 1 a check missed or a call failed, 2 a usage or
 configuration error. An operator's mistake is one line naming the file, the
@@ -70,6 +70,14 @@ def _parser() -> argparse.ArgumentParser:
                           "make example calls, clean up (no root, no sshd, no config)")
     demo.set_defaults(handler=_cmd_demo)
 
+    audit = sub.add_parser("audit", help="work with the audit trail")
+    audit_sub = audit.add_subparsers(dest="audit_command", metavar="COMMAND", required=True)
+    verify = audit_sub.add_parser("verify", help="check the hash chain and list open intents")
+    verify.add_argument("paths", nargs="*", type=Path, metavar="PATH",
+                        help="audit files, oldest first (default: [audit] path of the config)")
+    _add_config(verify)
+    verify.set_defaults(handler=_cmd_audit_verify)
+
     schema = sub.add_parser("schema", help="print a tool's published envelope schema")
     _add_config(schema)
     schema.add_argument("tool")
@@ -105,6 +113,22 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return asyncio.run(run_demo())
+
+
+def _cmd_audit_verify(args: argparse.Namespace) -> int:
+    from sshadapter.audit_verify import verify
+
+    paths = args.paths
+    if not paths:
+        path = args.config or (DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None)
+        paths = [load_config(path)[0].audit.path]
+    try:
+        report = verify(paths)
+    except OSError as exc:
+        print(f"sshadapter: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+    print(report.summary())
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def _cmd_call(args: argparse.Namespace) -> int:

@@ -22,12 +22,13 @@ from typing import Final
 import orjson
 from prometheus_client import start_http_server
 
-from sshadapter import envelope, systemd
-from sshadapter.audit import AuditLog
+from sshadapter import __version__, envelope, systemd
+from sshadapter.audit import AuditLog, now_text
 from sshadapter.commands import load_registry
 from sshadapter.config import Config, load_config
 from sshadapter.errors import ConfigError, UpstreamError
 from sshadapter.metrics import Metrics
+from sshadapter.quarantine import Quarantine
 from sshadapter.runners.interface import Runner
 from sshadapter.runners.ssh import SshRunner
 from sshadapter.service import Peer, Service
@@ -116,6 +117,9 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
+        await self.audit.append({"type": "start", "time": now_text(),
+                                 "adapter_version": __version__, "pid": os.getpid(),
+                                 "tools": sorted(self.service.registry.operations)})
         limit = self.config.server.max_request_bytes + 1
         self._server = await asyncio.start_unix_server(self._accept, sock=sock, limit=limit)
         systemd.notify("READY=1")
@@ -240,6 +244,8 @@ async def run_daemon(config_path: Path | None, runner: Runner | None = None) -> 
                              hosts=config.hosts.keys())
     audit = AuditLog(config.audit.path, fsync=config.audit.fsync)
     audit.open()
+    quarantine = Quarantine(config.audit.quarantine_dir, config.audit.quarantine_max_bytes)
+    quarantine.open()
     metrics = Metrics()
     ssh = SshRunner(config.hosts, on_connect_failure=lambda host, reason:
                     metrics.connect_failures.labels(host, reason).inc())
@@ -248,7 +254,7 @@ async def run_daemon(config_path: Path | None, runner: Runner | None = None) -> 
         registry, runner or ssh, audit, default_allow=config.server.allow,
         max_request_bytes=config.server.max_request_bytes,
         max_concurrent_calls=config.server.max_concurrent_calls,
-        max_queue=config.server.max_queue, metrics=metrics,
+        max_queue=config.server.max_queue, metrics=metrics, quarantine=quarantine,
     )
     warming = [asyncio.create_task(_warm(ssh, alias)) for alias in config.hosts]
     if config.metrics.listen:

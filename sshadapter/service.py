@@ -28,6 +28,7 @@ from sshadapter.config import Allow
 from sshadapter.errors import RequestError, UpstreamError
 from sshadapter.metrics import Metrics
 from sshadapter.pipeline import Verdict, evaluate, seal
+from sshadapter.quarantine import Quarantine
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
@@ -131,6 +132,7 @@ class Service:
         max_concurrent_calls: int,
         max_queue: int,
         metrics: Metrics | None = None,
+        quarantine: Quarantine | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.registry = registry
@@ -140,6 +142,7 @@ class Service:
         self.max_request_bytes = max_request_bytes
         self.admission = Admission(max_concurrent_calls, max_queue)
         self.metrics = metrics or Metrics()
+        self.quarantine = quarantine
         self.metrics.inflight.set_function(lambda: self.admission.admitted)
         self.clock = clock
 
@@ -219,9 +222,26 @@ class Service:
                 verdict = evaluate(op, args, run, self.clock())                   # 6-10
                 call.attempts.append(_attempt(started, run, None))
                 ran = True
+                if verdict.rejected:
+                    call.attempts[-1]["quarantine"] = await self._quarantine(call, run)
             call.attempts[-1]["verdict"] = _verdict_fields(verdict)
             if not _should_retry(op, verdict, ran, len(call.attempts), deadline):
                 return verdict
+
+    async def _quarantine(self, call: CallRecord, run: RunResult) -> dict[str, str | None]:
+        """Keep the raw bytes of a rejected output for the operator; name them in the record."""
+        if self.quarantine is None:
+            return {}
+        stem = f"{call.request_id}.{len(call.attempts)}"
+        kept: dict[str, str | None] = {}
+        for stream, data in (("stdout", run.stdout), ("stderr", run.stderr)):
+            try:
+                kept[stream] = await asyncio.to_thread(self.quarantine.keep,
+                                                       f"{stem}.{stream}", data)
+            except OSError as exc:
+                log.error("%s not quarantined: %s", call.request_id, exc)
+                kept[stream] = None
+        return kept
 
     async def _finish(self, call: CallRecord, verdict: Verdict) -> dict[str, Any]:
         """Seal the envelope, then make the result record durable before it is sent."""

@@ -16,6 +16,7 @@ from sshadapter.audit import AuditLog
 from sshadapter.commands import load_registry
 from sshadapter.config import Allow, Config, HostSection
 from sshadapter.daemon import Daemon, bind_socket
+from sshadapter.quarantine import Quarantine
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.service import Service
 
@@ -92,6 +93,7 @@ def with_daemon(
     commands: Path | None = None,
     schemas: Path = ROOT / "schemas",
     hosts: Mapping[str, HostSection] | None = None,
+    quarantine: bool = False,
     **server: Any,
 ) -> None:
     """Start a daemon, run ``body`` against it, stop it (draining), all in one event loop."""
@@ -113,8 +115,12 @@ def with_daemon(
         audit = AuditLog(audit_path, fsync="never")
         audit.open()
         use_runner = runner or job_runner()
+        kept = None
+        if quarantine:
+            kept = Quarantine(tmp_path / "quarantine", 1024 * 1024)
+            kept.open()
         service = Service(
-            registry, use_runner, audit,
+            registry, use_runner, audit, quarantine=kept,
             default_allow=allow or Allow(uids=(os.getuid(),)),
             max_request_bytes=config.server.max_request_bytes,
             max_concurrent_calls=config.server.max_concurrent_calls,

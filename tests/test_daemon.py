@@ -187,7 +187,8 @@ def test_audit_has_intent_before_result_with_the_exact_command(tmp_path: Path) -
     """Each call leaves an intent and a result naming tool, caller, host and command."""
     async def body(d: Running) -> None:
         response = await d.ask(CALL)
-        intent, result = d.audit_records()
+        start, intent, result = d.audit_records()
+        assert start["type"] == "start" and start["prev"] == "0" * 64
         assert (intent["type"], result["type"]) == ("intent", "result")
         assert intent["request_id"] == result["request_id"] == response["request_id"]
         assert result["command"] == JOB_COMMAND and result["caller"]["uid"] == os.getuid()

@@ -480,7 +480,8 @@ def _load_keys(section: HostSection, credentials_dir: Path | None) -> list[async
                 _read_credential(section.credential, credentials_dir)))
     except (OSError, ValueError) as exc:  # asyncssh.KeyImportError is a ValueError
         # from None: a parser's context could quote the bytes it choked on.
-        raise _KeyLoadError(_describe(exc)) from None
+        # No file name either: where the keys live is nobody's business but the operator's.
+        raise _KeyLoadError(_describe(exc, with_path=False)) from None
     if not keys:
         raise _KeyLoadError("no client_keys and no credential configured")
     return keys
@@ -560,13 +561,13 @@ def _again(error: UpstreamError) -> UpstreamError:
                          detail=error.detail)
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, *, with_path: bool = True) -> str:
     """Exception class and message for the audit trail; never key material (see _load_keys)."""
     if isinstance(exc, (_KeyLoadError, _KnownHostsError)):
         text = str(exc)  # already described where it was raised
     elif isinstance(exc, OSError) and exc.strerror:
         text = f"{type(exc).__name__}: {exc.strerror}"
-        if exc.filename:
+        if exc.filename and with_path:
             text += f": {exc.filename}"
     else:
         text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -1,0 +1,200 @@
+"""The audit trail: durable records, group commit, the hash chain and its verifier, quarantine."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+from pathlib import Path
+
+import orjson
+import pytest
+from daemon_harness import JOB_COMMAND, Running, TableRunner, with_daemon
+
+from sshadapter.audit import GENESIS, AuditLog
+from sshadapter.audit_verify import verify
+from sshadapter.quarantine import Quarantine
+from sshadapter.runners.interface import RunResult
+
+CALL = {"op": "call", "tool": "job_run_status", "args": {"project_id": "bluebird"}}
+
+
+def write_log(path: Path, records: list[dict[str, object]], fsync: str = "never") -> AuditLog:
+    async def main() -> AuditLog:
+        log = AuditLog(path, fsync=fsync)  # type: ignore[arg-type]
+        log.open()
+        for record in records:
+            await log.append(record)
+        log.close()
+        return log
+    return asyncio.run(main())
+
+
+def sample(n: int) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = [{"type": "start"}]
+    for i in range(n):
+        out += [{"type": "intent", "request_id": f"req.{i:08d}", "tool": "t", "time": "x"},
+                {"type": "result", "request_id": f"req.{i:08d}", "attempts": [{}]}]
+    return out
+
+
+def test_group_commit_shares_fsyncs_between_concurrent_appends(tmp_path: Path) -> None:
+    """200 concurrent durable appends all complete with far fewer fsyncs than records."""
+    async def main() -> AuditLog:
+        log = AuditLog(tmp_path / "a.jsonl", fsync="always")
+        log.open()
+        await asyncio.gather(*(log.append({"type": "x", "n": i}) for i in range(200)))
+        log.close()
+        return log
+    log = asyncio.run(main())
+    assert len((tmp_path / "a.jsonl").read_bytes().splitlines()) == 200
+    assert 1 <= log.syncs < 100
+
+
+def test_chain_of_an_untouched_log_is_intact(tmp_path: Path) -> None:
+    """A log written by AuditLog verifies clean, first record chained to the genesis hash."""
+    write_log(tmp_path / "a.jsonl", sample(5))
+    report = verify([tmp_path / "a.jsonl"])
+    assert report.ok and report.records == 11 and not report.open_intents
+    assert orjson.loads((tmp_path / "a.jsonl").read_bytes().splitlines()[0])["prev"] == GENESIS
+
+
+@pytest.mark.parametrize("tamper", ["edit", "delete", "reorder", "cut_middle", "insert"])
+def test_tampering_breaks_the_chain(tmp_path: Path, tamper: str) -> None:
+    """Editing, deleting, reordering, cutting or inserting records is reported as a break."""
+    path = tmp_path / "a.jsonl"
+    write_log(path, sample(5))
+    lines = path.read_bytes().splitlines(keepends=True)
+    if tamper == "edit":
+        lines[4] = lines[4].replace(b'"attempts":[{}]', b'"attempts":[]')
+    elif tamper == "delete":
+        del lines[3]
+    elif tamper == "reorder":
+        lines[3], lines[4] = lines[4], lines[3]
+    elif tamper == "cut_middle":
+        del lines[2:7]
+    else:
+        forged = b'{"type":"result","request_id":"req.forged","prev":"' + b"0" * 64 + b'"}\n'
+        lines.insert(5, forged)
+    path.write_bytes(b"".join(lines))
+    report = verify([path])
+    assert not report.ok, report.summary()
+
+
+def test_intents_without_result_are_listed(tmp_path: Path) -> None:
+    """A call that died with the daemon shows as an intent with no result."""
+    records = [*sample(2), {"type": "intent", "request_id": "req.dead0000", "tool": "t",
+                             "time": "2026-11-30T04:00:00Z"}, {"type": "start"}]
+    write_log(tmp_path / "a.jsonl", records)
+    report = verify([tmp_path / "a.jsonl"])
+    assert report.ok
+    assert [r["request_id"] for r in report.open_intents] == ["req.dead0000"]
+
+
+def test_torn_last_write_is_recovered_on_restart(tmp_path: Path) -> None:
+    """A half-written line (power loss) is ended on reopen and the chain goes on past it."""
+    path = tmp_path / "a.jsonl"
+    write_log(path, sample(1))
+    with path.open("ab") as f:
+        f.write(b'{"type":"intent","request_id":"req.torn')
+    write_log(path, [{"type": "start"}, {"type": "intent", "request_id": "req.after"}])
+    report = verify([path])
+    assert report.ok, report.summary()
+    assert len(report.torn) == 1
+
+
+def test_garbage_line_in_the_middle_is_a_break(tmp_path: Path) -> None:
+    """A non-record line not followed by a daemon start is tampering, not a torn write."""
+    path = tmp_path / "a.jsonl"
+    write_log(path, sample(2))
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines.insert(2, b"garbage\n")
+    path.write_bytes(b"".join(lines))
+    assert not verify([path]).ok
+
+
+def test_chain_continues_across_rotation(tmp_path: Path) -> None:
+    """After logrotate renames the file and SIGHUP reopens it, old + new verify as one chain."""
+    path = tmp_path / "a.jsonl"
+    async def main() -> None:
+        log = AuditLog(path, fsync="never")
+        log.open()
+        await log.append({"type": "start"})
+        path.rename(tmp_path / "a.jsonl.1")
+        log.reopen()
+        await log.append({"type": "intent", "request_id": "req.00000001"})
+        log.close()
+    asyncio.run(main())
+    assert verify([tmp_path / "a.jsonl.1", path]).ok
+    assert verify([path]).notes  # alone, the new file says its chain started earlier
+
+
+def test_chain_continues_across_restart(tmp_path: Path) -> None:
+    """A restarted daemon chains its first record to the last one on disk."""
+    path = tmp_path / "a.jsonl"
+    write_log(path, sample(1))
+    write_log(path, [{"type": "start"}])
+    assert verify([path]).ok
+
+
+def test_quarantine_files_are_private_from_creation_and_capped(tmp_path: Path) -> None:
+    """Directory 0700, files 0600, and the oldest files go when the cap is reached."""
+    q = Quarantine(tmp_path / "q", max_bytes=250)
+    q.open()
+    for i in range(5):
+        assert q.keep(f"req.{i}.stdout", bytes([65 + i]) * 100) is not None
+    assert stat.S_IMODE((tmp_path / "q").stat().st_mode) == 0o700
+    kept = sorted(p.name for p in (tmp_path / "q").iterdir())
+    assert kept == ["req.3.stdout", "req.4.stdout"]
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in (tmp_path / "q").iterdir())
+    assert q.keep("req.big.stdout", b"x" * 251) is None  # larger than the whole cap
+
+
+def test_rejected_output_is_quarantined_and_named_in_the_result(tmp_path: Path) -> None:
+    """The raw bytes of a rejection are kept byte-exact and the result record names them."""
+    raw = b'{"decision": "approved", "admin_override": true}'
+    runner = TableRunner({JOB_COMMAND: RunResult(raw, b"warning\n", 0)})
+    async def body(d: Running) -> None:
+        assert (await d.ask(CALL))["error"]["code"] == "INVALID_RESPONSE"
+        result = [r for r in d.audit_records() if r["type"] == "result"][-1]
+        names = result["attempts"][0]["quarantine"]
+        directory = d.service.quarantine.directory  # type: ignore[union-attr]
+        assert (directory / names["stdout"]).read_bytes() == raw
+        assert (directory / names["stderr"]).read_bytes() == b"warning\n"
+    with_daemon(tmp_path, body, runner=runner, quarantine=True)
+
+
+def test_result_that_cannot_be_written_is_internal_not_retryable(tmp_path: Path) -> None:
+    """The command ran but its result record failed: the caller gets INTERNAL, retryable false."""
+    holder: dict[str, Running] = {}
+    async def close_audit_then_answer() -> RunResult:
+        holder["d"].service.audit.close()
+        return RunResult(b"{}", b"", 0)
+    async def body(d: Running) -> None:
+        holder["d"] = d
+        response = await d.ask(CALL)
+        assert response["error"] == {"code": "INTERNAL", "retryable": False}
+        assert d.service.metrics.audit_failures._value.get() == 1
+    with_daemon(tmp_path, body, runner=TableRunner({JOB_COMMAND: close_audit_then_answer}))
+
+
+def test_no_key_path_in_audit_quarantine_or_logs(tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A private key path from the config appears in no record, quarantine file or log line."""
+    from sshadapter.config import HostSection
+    from sshadapter.runners.ssh import SshRunner
+
+    secret = tmp_path / "keys" / "SECRET-ci-key-do-not-leak"
+    host = HostSection(address="127.0.0.1", port=1, user="nobody", client_keys=(secret,),
+                       known_hosts=tmp_path / "known_hosts")
+    runner = SshRunner({"ci": host, "local": host})
+    async def body(d: Running) -> None:
+        response = await d.ask(CALL)
+        assert response["error"] == {"code": "UPSTREAM_UNAVAILABLE", "retryable": False}
+        await runner.close()
+    with_daemon(tmp_path, body, runner=runner, hosts={"ci": host, "local": host},
+                quarantine=True)
+    evidence = (tmp_path / "audit.jsonl").read_bytes() + caplog.text.encode()
+    for path in (tmp_path / "quarantine").iterdir():
+        evidence += path.read_bytes()
+    assert b"SECRET-ci-key" not in evidence
+    assert b"no_credentials" in evidence
