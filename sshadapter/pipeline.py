@@ -83,11 +83,11 @@ def check_exit_status(op: Operation, run: RunResult) -> Verdict | None:
     """
     if len(run.stdout) > op.spec.output.max_bytes:
         raise EvidenceError("parse", "too_large", f"stdout over {op.spec.output.max_bytes} bytes")
+    if len(run.stderr) > op.spec.output.max_stderr_bytes:
+        raise EvidenceError("parse", "stderr_too_large", f"over {op.spec.output.max_stderr_bytes}")
     meaning = op.exit_meaning(run.exit_status)
     if meaning is None:
         raise EvidenceError("exit", "undeclared_exit_status", f"exit status {run.exit_status}")
-    if len(run.stderr) > op.spec.output.max_stderr_bytes:
-        raise EvidenceError("parse", "stderr_too_large", f"over {op.spec.output.max_stderr_bytes}")
     if meaning != "success":
         return Verdict(
             code=meaning, retryable=envelope.CODES[meaning], stage="exit",

@@ -202,10 +202,6 @@ def test_stderr_flood_is_cut_and_rejected(tmp_path: Path, faults: FaultServer) -
     serve(tmp_path, faults, body)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pipeline.check_exit_status checks the stderr cap after the exit status: a stderr flood "
-    "cut by the runner has exit_status None, so it is audited as exit/undeclared_exit_status "
-    "instead of parse/stderr_too_large"))
 def test_stderr_flood_is_audited_as_stderr_too_large(tmp_path: Path,
                                                      faults: FaultServer) -> None:
     """A stderr flood is audited as stage parse, reason stderr_too_large."""
