@@ -14,7 +14,14 @@ import orjson
 
 from sshadapter.audit import AuditLog
 from sshadapter.commands import load_registry
-from sshadapter.config import Allow, Config, HostSection
+from sshadapter.config import (
+    Allow,
+    AuditSection,
+    Config,
+    HostSection,
+    PathsSection,
+    ServerSection,
+)
 from sshadapter.daemon import Daemon, bind_socket
 from sshadapter.quarantine import Quarantine
 from sshadapter.runners.interface import Runner, RunResult
@@ -104,12 +111,12 @@ def with_daemon(
         socket_path = tmp_path / "sshadapter.sock"
         audit_path = tmp_path / "audit.jsonl"
         config = Config(
-            server={"socket_path": socket_path, **server},
-            paths={"commands": commands, "schemas": schemas},
-            audit={"path": audit_path, "fsync": "never"},
-            hosts=hosts or {alias: HostSection(address="127.0.0.1", user="nobody",
-                                               known_hosts=tmp_path / "known_hosts")
-                            for alias in ("ci", "local")},
+            server=ServerSection(socket_path=socket_path, **server),
+            paths=PathsSection(commands=commands, schemas=schemas),
+            audit=AuditSection(path=audit_path, fsync="never"),
+            hosts=dict(hosts or {alias: HostSection(address="127.0.0.1", user="nobody",
+                                                    known_hosts=tmp_path / "known_hosts")
+                                 for alias in ("ci", "local")}),
         )
         registry = load_registry(commands, schemas, hosts=config.hosts.keys())
         audit = AuditLog(audit_path, fsync="never")
