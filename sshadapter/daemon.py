@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import grp
 import logging
 import os
@@ -36,6 +37,9 @@ from sshadapter.service import Peer, Service
 log = logging.getLogger(__name__)
 
 _UCRED: Final = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
+SO_PEERGROUPS: Final = getattr(socket, "SO_PEERGROUPS", 59)  # asm-generic/socket.h; no constant
+_PEERGROUPS_START_BYTES: Final = 64 * 4  # most callers have few groups
+_PEERGROUPS_MAX_BYTES: Final = 65536 * 4  # NGROUPS_MAX
 
 
 class SocketInUse(ConfigError):
@@ -76,6 +80,10 @@ def bind_socket(path: Path, mode: int, group: str) -> socket.socket:
         except KeyError as exc:
             sock.close()
             raise ConfigError("", "server.socket_group", f"no group {group!r}") from exc
+        except OSError as exc:  # not a member of the group, or chown forbidden by a sandbox
+            sock.close()
+            raise ConfigError(str(path), "server.socket_group",
+                              f"cannot give the socket to group {group!r}: {exc.strerror}") from exc
     os.chmod(path, mode)
     sock.listen(socket.SOMAXCONN)
     return sock
@@ -86,14 +94,26 @@ def peer_of(sock: socket.socket) -> Peer:
     pid, uid, gid = _UCRED.unpack(
         sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
     )
-    return Peer(pid, uid, gid, _supplementary_groups(pid))
+    return Peer(pid, uid, gid, _peer_groups(sock))
 
 
-def _supplementary_groups(pid: int) -> frozenset[int]:
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Groups:"):
-                return frozenset(int(g) for g in line.split()[1:])
+def _peer_groups(sock: socket.socket) -> frozenset[int]:
+    """Supplementary groups from the kernel (SO_PEERGROUPS, Linux 4.13), as of connect time.
+
+    Not /proc/PID/status: that races with pid reuse, and systemd's
+    ProtectProc=invisible hides other users' processes from the daemon.
+    """
+    size = _PEERGROUPS_START_BYTES
+    while size <= _PEERGROUPS_MAX_BYTES:
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, size)
+        except OSError as exc:
+            if exc.errno == errno.ERANGE:  # more groups than fit: ask with room for them
+                size *= 4
+                continue
+            log.warning("SO_PEERGROUPS failed (%s): only the primary group counts", exc.strerror)
+            return frozenset()
+        return frozenset(struct.unpack(f"{len(raw) // 4}I", raw))
     return frozenset()
 
 

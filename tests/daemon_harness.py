@@ -101,6 +101,8 @@ def with_daemon(
     schemas: Path = ROOT / "schemas",
     hosts: Mapping[str, HostSection] | None = None,
     quarantine: bool = False,
+    socket_mode: int = 0o600,
+    socket_dir: Path | None = None,
     **server: Any,
 ) -> None:
     """Start a daemon, run ``body`` against it, stop it (draining), all in one event loop."""
@@ -108,7 +110,7 @@ def with_daemon(
     commands = commands or shipped_commands(tmp_path)
 
     async def main() -> None:
-        socket_path = tmp_path / "sshadapter.sock"
+        socket_path = (socket_dir or tmp_path) / "sshadapter.sock"
         audit_path = tmp_path / "audit.jsonl"
         config = Config(
             server=ServerSection(socket_path=socket_path, **server),
@@ -134,7 +136,7 @@ def with_daemon(
             max_queue=config.server.max_queue, clock=lambda: NOW,
         )
         daemon = Daemon(config, None, service, use_runner, audit)
-        sock = bind_socket(socket_path, 0o600, "")
+        sock = bind_socket(socket_path, socket_mode, "")
         task = asyncio.create_task(daemon.serve(sock))
         await asyncio.sleep(0)
         try:

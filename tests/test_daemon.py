@@ -259,3 +259,41 @@ def test_socket_path_that_is_a_file_or_symlink_is_never_replaced(tmp_path: Path)
         with pytest.raises(ConfigError, match="not a socket"):
             bind_socket(path, 0o660, "")
     assert target.read_text() == "data" and link.is_symlink()
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # readable by nobody, unlike a python under /root
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON),
+                    reason="needs root and /usr/bin/python3 to run a client as another user")
+def test_supplementary_group_of_the_caller_admits_it(tmp_path: Path) -> None:
+    """A caller allowed only through a supplementary group (SO_PEERGROUPS) gets in; others not."""
+    import grp
+    import shutil
+    import subprocess
+    import tempfile
+
+    users = grp.getgrnam("users").gr_gid
+    socket_dir = Path(tempfile.mkdtemp(prefix="sshadapter-groups-"))  # pytest's tmp is 0700
+    socket_dir.chmod(0o755)
+    loadavg = RunResult(b"0.07 0.11 0.05 1/80 2344\n", b"", 0)
+    client = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]);"
+              "s.sendall(b'{\"op\":\"call\",\"tool\":\"load_average\",\"args\":{}}\\n');"
+              "print(s.makefile().readline())")
+
+    def call_as(path: Path, extra_groups: list[int]) -> dict[str, object]:
+        done = subprocess.run([SYSTEM_PYTHON, "-c", client, str(path)], user=65534,
+                              group=65534, extra_groups=extra_groups, capture_output=True,
+                              text=True, timeout=30, cwd="/")
+        return orjson.loads(done.stdout)  # type: ignore[no-any-return]
+
+    async def body(d: Running) -> None:
+        loop = asyncio.get_running_loop()
+        member = await loop.run_in_executor(None, call_as, d.path, [users])
+        assert member["outcome"] == "success", member
+        stranger = await loop.run_in_executor(None, call_as, d.path, [])
+        assert code(stranger) == "DENIED"
+    with_daemon(tmp_path, body, runner=TableRunner({"cat /proc/loadavg": loadavg}),
+                allow=Allow(groups=("users",)), commands=ROOT / "commands", socket_mode=0o666,
+                socket_dir=socket_dir)
+    shutil.rmtree(socket_dir)

@@ -49,6 +49,7 @@ schemas = "schemas"
 [audit]
 path = "{directory / 'audit.jsonl'}"
 fsync = "always"
+quarantine_dir = "{directory / 'quarantine'}"
 
 [metrics]
 {metrics}

@@ -58,9 +58,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "bench"))
 
 import asyncssh  # noqa: E402
 import orjson  # noqa: E402
+from daemon_patches import PATCHED_SERVE, PATCHES  # noqa: E402
 from sshd import Sshd, running_sshd  # noqa: E402
 
 from sshadapter.commands import Operation, load_registry  # noqa: E402
@@ -79,7 +81,7 @@ BIG_LEVEL = 64
 CALL_TIMEOUT_S = 60.0  # per call in the driver: a hang is a failure, not a stuck run
 IDS = [f"bench-{i:04d}" for i in range(1000)]  # project ids cycled through by every method
 
-FULL = dict(rounds=12, calls={1: 40, 8: 160, 32: 384, 64: 640},
+FULL = dict(rounds=16, calls={1: 40, 8: 160, 32: 384, 64: 640},
             ssh_new=2, ssh_mux=20, local=20, big_rounds=2, big_calls=128)
 QUICK = dict(rounds=3, calls={1: 30, 8: 120, 32: 256, 64: 512},
              ssh_new=2, ssh_mux=15, local=15, big_rounds=1, big_calls=128)
@@ -548,13 +550,17 @@ def write_operations(tmp: Path) -> None:
     (schemas / "bench_big.v1.json").write_bytes(orjson.dumps(BIG_SCHEMA))
 
 
-def start_daemon(tmp: Path, name: str, config: Path) -> Daemon:
+def start_daemon(tmp: Path, name: str, config: Path, patches: list[str] | None = None) -> Daemon:
+    """``sshadapter serve`` in a subprocess; with ``patches``, experimental fixes applied first."""
     log = tmp / f"daemon-{name}.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "sshadapter.cli", "serve", "--config", str(config)]
+    if patches:
+        code = "\n".join(PATCHES[patch] for patch in patches)
+        argv = [sys.executable, "-c", PATCHED_SERVE, code, str(config)]
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "sshadapter.cli", "serve", "--config", str(config)],
-            cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+            argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     return Daemon(name, process.pid, tmp / f"{name}.sock", process, log)
 
 
@@ -648,14 +654,13 @@ def calls_for(plan: dict[str, Any], method: str, level: int) -> int:
 async def measure(bench: Bench, plan: dict[str, Any], rng: random.Random) -> None:
     started = time.monotonic()
     print("warm-up round (not recorded) ...", flush=True)
+    for name in bench.daemons:  # grow each daemon's pool to its size under load
+        await run_phase(bench, name, 64, 640, record=False)
     for level in LEVELS:
         for method in methods_at(bench, level):
             await run_phase(bench, method, level, max(level, calls_for(plan, method, level) // 4),
                             record=False)
-    for name, daemon in bench.daemons.items():
-        print(f"  {name}: {tcp_connections_to(daemon.pid, bench.sshd.port)} SSH connections "
-              f"in its pool; raw asyncssh: "
-              f"{tcp_connections_to(os.getpid(), bench.sshd.port)}")
+    print_connections(bench)
     for r in range(plan["rounds"]):
         levels = list(LEVELS)
         rng.shuffle(levels)
@@ -674,13 +679,21 @@ async def measure(bench: Bench, plan: dict[str, Any], rng: random.Random) -> Non
         rng.shuffle(big_methods)
         for method in big_methods:
             await run_phase(bench, method, BIG_LEVEL, plan["big_calls"], big=True)
+    print_connections(bench)
     print(f"measured in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def print_connections(bench: Bench) -> None:
+    counts = ", ".join(f"{name} {tcp_connections_to(d.pid, bench.sshd.port)}"
+                       for name, d in bench.daemons.items())
+    print(f"  SSH connections open: raw asyncssh {tcp_connections_to(os.getpid(), bench.sshd.port)}"
+          f", {counts}", flush=True)
 
 
 def report(bench: Bench) -> None:
     mb = 1024 * 1024
     print("\nresults (latency per call in ms; CPU in ms per call; RSS = daemon peak, MiB)")
-    header = (f"{'c':>3} {'method':<20} {'calls':>6} {'fail':>5} {'p50':>8} {'p99':>8} "
+    header = (f"{'c':>3} {'method':<30} {'calls':>6} {'fail':>5} {'p50':>8} {'p99':>8} "
               f"{'calls/s':>8} {'daemon':>7} {'driver':>7} {'sshd':>7} {'total':>7} {'RSS':>6}")
     print(header)
     print("-" * len(header))
@@ -691,7 +704,7 @@ def report(bench: Bench) -> None:
         daemon = f"{acc.daemon_cpu * per:7.2f}" if method.split(" 1MiB")[0] in bench.daemons \
             else f"{'-':>7}"
         rss = f"{acc.peak_rss / mb:6.1f}" if acc.peak_rss else f"{'-':>6}"
-        print(f"{level:>3} {method:<20} {acc.calls:>6} {sum(acc.fails.values()):>5} "
+        print(f"{level:>3} {method:<30} {acc.calls:>6} {sum(acc.fails.values()):>5} "
               f"{pct(acc.lat, 50):8.2f} {pct(acc.lat, 99):8.2f} {acc.rate:8.1f} {daemon} "
               f"{acc.driver_cpu * per:7.2f} {acc.sshd_cpu * per:7.2f} {total * per:7.2f} {rss}")
     failures = {k: dict(a.fails) for k, a in bench.accs.items() if a.fails}
@@ -700,17 +713,17 @@ def report(bench: Bench) -> None:
         print("note: VmHWM could not be reset per phase: RSS is the peak since the daemon started")
 
     print("\nratios sshadapter / raw asyncssh (same connections, same channels per connection)")
-    print(f"{'c':>3} {'daemon':<22} {'p50':>6} {'p99':>6} {'calls/s':>8}")
+    print(f"{'c':>3} {'daemon':<34} {'p50':>6} {'p99':>6} {'calls/s':>8}")
     for level in LEVELS:
         raw = bench.accs[("raw asyncssh", level)]
         for name in bench.daemons:
             acc = bench.accs[(name, level)]
-            print(f"{level:>3} {name:<22} {pct(acc.lat, 50) / pct(raw.lat, 50):6.2f} "
+            print(f"{level:>3} {name:<34} {pct(acc.lat, 50) / pct(raw.lat, 50):6.2f} "
                   f"{pct(acc.lat, 99) / pct(raw.lat, 99):6.2f} {acc.rate / raw.rate:8.2f}")
     raw_big = bench.accs[("raw asyncssh 1MiB", BIG_LEVEL)]
     for name in bench.daemons:
         acc = bench.accs[(name + " 1MiB", BIG_LEVEL)]
-        print(f"{BIG_LEVEL:>3} {name + ' 1MiB':<22} {pct(acc.lat, 50) / pct(raw_big.lat, 50):6.2f} "
+        print(f"{BIG_LEVEL:>3} {name + ' 1MiB':<34} {pct(acc.lat, 50) / pct(raw_big.lat, 50):6.2f} "
               f"{pct(acc.lat, 99) / pct(raw_big.lat, 99):6.2f} {acc.rate / raw_big.rate:8.2f}")
 
     ssh_new = pct(bench.accs[("ssh new conn", 1)].lat, 50)
@@ -761,13 +774,16 @@ async def amain(args: argparse.Namespace) -> None:
         write_operations(tmp)
         registry = load_registry(tmp / "commands", tmp / "schemas", hosts=["bench"])
         daemons = {}
-        fsyncs = {"sshadapter": "never"}
+        variants: dict[str, tuple[str, list[str]]] = {"sshadapter": ("never", [])}
         if not args.no_fsync_always:
-            fsyncs["sshadapter fsync"] = "always"
+            variants["sshadapter fsync"] = ("always", [])
+        for spec in args.variant:
+            variants[f"patched {spec}"] = ("never", spec.split("+"))
         try:
-            for name, fsync in fsyncs.items():
-                slug = name.replace(" ", "-")
-                daemons[name] = start_daemon(tmp, slug, write_config(tmp, sshd, slug, fsync))
+            for index, (name, (fsync, patches)) in enumerate(variants.items()):
+                slug = f"d{index}"
+                daemons[name] = start_daemon(tmp, slug, write_config(tmp, sshd, slug, fsync),
+                                             patches)
             for daemon in daemons.values():
                 await wait_ready(daemon)
             ssh_base = ["ssh", "-F", "/dev/null", "-T", "-i", str(sshd.client_key),
@@ -803,6 +819,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7, help="shuffle seed")
     parser.add_argument("--no-fsync-always", action="store_true",
                         help="skip the second daemon (audit fsync = always)")
+    parser.add_argument("--variant", action="append", default=[], metavar="PATCH[+PATCH]",
+                        help="also run a daemon with experimental fixes from daemon_patches.py "
+                        f"({', '.join(sorted(PATCHES))}), interleaved like the others")
     asyncio.run(amain(parser.parse_args()))
 
 

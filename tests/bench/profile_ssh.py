@@ -29,6 +29,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_ssh as b
+from daemon_patches import PATCHED_SERVE, PATCHES
+from sshd import running_sshd
+
+from sshadapter.commands import load_registry
 
 LOADS = {"big": (64, True), "status1": (1, False), "status32": (32, False)}
 
@@ -41,9 +45,9 @@ best = {"peak": 0, "snap": None}
 
 def watch():
     while True:
-        time.sleep(0.005)
+        time.sleep(0.02)
         current, _ = tracemalloc.get_traced_memory()
-        if current > 64 * 2**20 and current > best["peak"] * 1.05:
+        if current > 32 * 2**20 and current > best["peak"] * 1.10:
             best["peak"] = current
             best["snap"] = tracemalloc.take_snapshot()
 
@@ -93,11 +97,11 @@ def summarize_collapsed(path: Path, top: int = 30) -> str:
 
 async def amain(args: argparse.Namespace) -> None:
     level, big = LOADS[args.load]
-    with b.running_sshd() as sshd, tempfile.TemporaryDirectory(prefix="sshadapter-prof-") as t:
+    with running_sshd() as sshd, tempfile.TemporaryDirectory(prefix="sshadapter-prof-") as t:
         tmp = Path(t)
         tmp.chmod(0o755)
         b.write_operations(tmp)
-        registry = b.load_registry(tmp / "commands", tmp / "schemas", hosts=["bench"])
+        registry = load_registry(tmp / "commands", tmp / "schemas", hosts=["bench"])
         config = b.write_config(tmp, sshd, "prof", args.fsync)
         env = {**os.environ, "PYTHONPATH": str(b.ROOT)}
         for item in args.env:
@@ -106,7 +110,10 @@ async def amain(args: argparse.Namespace) -> None:
         log = tmp / "daemon.log"
         dump = tmp / "tracemalloc.txt"
         if args.profile == "tracemalloc":
-            argv = [sys.executable, "-c", TRACED_SERVE, "10", str(dump), str(config)]
+            argv = [sys.executable, "-c", TRACED_SERVE, str(args.frames), str(dump), str(config)]
+        elif args.patch:
+            code = "\n".join(PATCHES[name] for name in args.patch)
+            argv = [sys.executable, "-c", PATCHED_SERVE, code, str(config)]
         else:
             argv = [sys.executable, "-m", "sshadapter.cli", "serve", "--config", str(config)]
         with open(log, "wb") as out:
@@ -144,9 +151,17 @@ async def amain(args: argparse.Namespace) -> None:
                   f"failed, p50 {b.pct(acc.lat, 50):.2f} ms, p99 {b.pct(acc.lat, 99):.2f} ms, "
                   f"{acc.calls / wall:.1f} calls/s, daemon CPU "
                   f"{1000 * acc.daemon_cpu / acc.calls:.2f} ms/call, RSS before "
-                  f"{rss0 / 2**20:.1f} MiB, peak {acc.peak_rss / 2**20:.1f} MiB, env {args.env}")
+                  f"{rss0 / 2**20:.1f} MiB, peak {acc.peak_rss / 2**20:.1f} MiB, env {args.env}, "
+                  f"patches {args.patch}")
+            lines = log.read_text(errors="replace").splitlines()
+            print(f"daemon log: {log.stat().st_size:,} B, {len(lines):,} lines in all; last 6:")
+            print("\n".join("  " + line[:150] for line in lines[-6:]))
             if args.profile == "tracemalloc":
                 process.send_signal(signal.SIGUSR1)
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline and "== by traceback" not in (
+                        dump.read_text() if dump.exists() else ""):
+                    time.sleep(0.5)
                 time.sleep(2.0)
                 print(dump.read_text() if dump.exists() else "no tracemalloc dump")
             if args.profile == "pyspy":
@@ -171,6 +186,9 @@ def main() -> None:
     parser.add_argument("--fsync", choices=["never", "always"], default="never")
     parser.add_argument("--calls", type=int, default=256, help="calls per phase")
     parser.add_argument("--phases", type=int, default=2)
+    parser.add_argument("--patch", action="append", default=[], choices=sorted(PATCHES),
+                        help="apply an experimental fix in the daemon process")
+    parser.add_argument("--frames", type=int, default=1, help="tracemalloc frames")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the daemon")
     parser.add_argument("--keep", default="", help="also save py-spy's collapsed stacks here")

@@ -1,0 +1,343 @@
+"""The README's operator guide, run from "Add a host" to "Read the audit trail" on sshd.
+
+The guide's code blocks are the test's input, found by the HTML comment in
+front of each (see the top of the guide): ``guide:run`` blocks are executed
+with ``sh -e``, ``guide:file`` blocks are written byte for byte,
+``guide:output`` blocks are compared with what the preceding command printed,
+and ``guide:root`` blocks (root on this machine, systemd as PID 1, or the
+remote host) are pinned in ``PINNED`` with the way each command is exercised
+instead; test_systemd_units.py runs the install commands offline.
+
+One substitution table maps the guide's world onto the test's: a temporary
+directory for /etc/sshadapter, /var/lib/sshadapter and /var/log/sshadapter, the
+test sshd (tests/sshd.py) for ci.internal.example and its host key file, this
+test's uid for the agent's. The daemon is started the way the units start it:
+the unit's ``ExecStart=`` with the socket ``sshadapter.socket`` describes
+passed as fd 3, its ``LoadCredential=`` copied into ``$CREDENTIALS_DIRECTORY``,
+a ``NOTIFY_SOCKET``, and ``ExecReload=`` for ``systemctl reload``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sshd import Sshd, running_sshd
+from test_integration import free_port, notifications
+
+ROOT = Path(__file__).resolve().parents[1]
+GUIDE = ROOT / "README.md"  # the guide is the README part between guide:begin and guide:end
+SERVICE = ROOT / "systemd" / "sshadapter.service"
+SOCKET_UNIT = ROOT / "systemd" / "sshadapter.socket"
+REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]{7,63}$")
+COMMAND_TIMEOUT_SECONDS = 60
+
+# Every command of a guide:root block, and how it is exercised since it cannot run here.
+# "test_systemd_units" entries are run there against a temporary root (--root=).
+PINNED: dict[str, str] = {
+    "apt-get install python3-venv openssh-client":
+        "not run: package installation (scripts/install-test-deps installs OpenSSH alike)",
+    "python3 -m venv /opt/sshadapter": "scripts/test builds .venv the same way",
+    "/opt/sshadapter/bin/pip install .": "scripts/test installs the checkout with pip",
+    "ln -s /opt/sshadapter/bin/sshadapter /usr/local/bin/sshadapter":
+        "test_systemd_units: ExecStart= must resolve through the link",
+    "install -m 0644 systemd/sshadapter.sysusers /etc/sysusers.d/sshadapter.conf":
+        "test_systemd_units: installed into a temporary root",
+    "systemd-sysusers": "test_systemd_units: systemd-sysusers --root=",
+    "install -m 0644 systemd/sshadapter.tmpfiles /etc/tmpfiles.d/sshadapter.conf":
+        "test_systemd_units: installed into a temporary root",
+    "systemd-tmpfiles --create sshadapter.conf": "test_systemd_units: systemd-tmpfiles --root=",
+    "install -m 0644 systemd/sshadapter.service systemd/sshadapter.socket /etc/systemd/system/":
+        "test_systemd_units: installed into a temporary root, then verified",
+    "systemctl daemon-reload": "not run: needs systemd as PID 1",
+    "usermod -a -G sshadapter-agents agent":
+        "here: the socket is 0660 as SocketMode= says; the opt-in boot test in "
+        "test_systemd_units connects as a member of sshadapter-agents",
+    "id -u agent": "here: the test's uid replaces 1001 in allow",
+    "useradd --system --create-home --shell /bin/sh sshadapter":
+        "tests/sshd.py creates its login account with these options",
+    "usermod -p '*' sshadapter": "tests/sshd.py unlocks its login account the same way",
+    "install -d -m 0755 ~sshadapter/.ssh":
+        "here: the test sshd reads AuthorizedKeysFile from its workdir instead",
+    "echo 'restrict,from=\"192.0.2.10\" ssh-ed25519 AAAAC3Nza... sshadapter@adapter'"
+    " >> ~sshadapter/.ssh/authorized_keys":
+        "here: the line the keygen block printed is appended to the test sshd's file",
+    "systemctl enable --now sshadapter.socket sshadapter.service":
+        "test_systemd_units: systemctl --root= enable; here ExecStart= runs as activated",
+    "systemctl status sshadapter.service": "not run: needs systemd as PID 1",
+    "systemctl reload sshadapter":
+        "here: the unit's ExecReload= is run and READY=1 awaited; for real in the boot test",
+    "journalctl -u sshadapter --since today": "not run: needs systemd as PID 1",
+}
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced code block of the guide and the marker in front of it."""
+
+    kind: str
+    """run, file, output or root."""
+    arg: str
+    """The block's name (run, output) or path (file); empty for root."""
+    text: str
+    """The content, dedented, ending in a newline."""
+    line: int
+
+
+_MARKED = re.compile(
+    r"^(?P<indent> *)<!-- guide:(?P<kind>[a-z]+)(?: (?P<arg>\S+))? -->\n"
+    r"(?P=indent)```[a-z]*\n(?P<body>.*?)^(?P=indent)```$", re.M | re.S)
+
+
+def guide_text() -> str:
+    """The operator guide part of the README, from `<!-- guide:begin -->` to `guide:end`."""
+    text = GUIDE.read_text()
+    begin, end = text.index("<!-- guide:begin -->"), text.index("<!-- guide:end -->")
+    return text[:end].replace(text[:begin], "\n" * text.count("\n", 0, begin), 1)
+
+
+def guide_blocks() -> list[Block]:
+    text = guide_text()
+    blocks = []
+    for m in _MARKED.finditer(text):
+        indent = len(m["indent"])
+        body = "".join(line[indent:] for line in m["body"].splitlines(keepends=True))
+        blocks.append(Block(m["kind"], m["arg"] or "", body, text.count("\n", 0, m.start()) + 1))
+    return blocks
+
+
+def root_commands(blocks: list[Block]) -> list[str]:
+    return [line for b in blocks if b.kind == "root" for line in b.text.splitlines() if line]
+
+
+def test_every_code_block_is_marked_and_every_root_command_pinned() -> None:
+    blocks = guide_blocks()
+    fences = [line for line in guide_text().splitlines() if line.lstrip().startswith("```")]
+    assert len(fences) == 2 * len(blocks), "a code block without a guide: marker"
+    assert {b.kind for b in blocks} == {"run", "file", "output", "root"}
+    names = [(b.kind, b.arg) for b in blocks if b.kind != "root"]
+    assert len(names) == len(set(names)), "two blocks with one name"
+    assert sorted(root_commands(blocks)) == sorted(PINNED)
+
+
+# The walk-through ------------------------------------------------------------
+
+
+class Walkthrough:
+    """The guide's world mapped onto temporary paths and the test sshd."""
+
+    def __init__(self, tmp: Path, sshd: Sshd) -> None:
+        self.tmp = tmp
+        self.sshd = sshd
+        self.root = tmp / "root"  # stands for /
+        self.work = tmp / "work"  # the operator's current directory
+        self.bin = tmp / "bin"
+        self.metrics_port = free_port()
+        self.socket_path = self.root / "run/sshadapter/sshadapter.sock"
+        self.blocks = {(b.kind, b.arg): b for b in guide_blocks() if b.kind != "root"}
+        self.used: set[tuple[str, str]] = set()
+        self.substitutions = [
+            ("/etc/sshadapter", f"{self.root}/etc/sshadapter"),
+            ("/var/lib/sshadapter", f"{self.root}/var/lib/sshadapter"),
+            ("/var/log/sshadapter", f"{self.root}/var/log/sshadapter"),
+            ("/etc/ssh/ssh_host_ed25519_key.pub", f"{sshd.host_key}.pub"),
+            ("ci.internal.example", sshd.address),
+            ("-p 22 ", f"-p {sshd.port} "),
+            ("port = 22", f"port = {sshd.port}"),
+            ('user = "sshadapter"', f'user = "{sshd.user}"'),
+            ("uids = [1001]", f"uids = [{os.getuid()}]"),
+            ("127.0.0.1:9464", f"127.0.0.1:{self.metrics_port}"),
+            ('from="192.0.2.10"', f'from="{sshd.address}"'),
+        ]
+        self.unused = {old for old, _ in self.substitutions}
+        for directory in (self.work, self.bin, self.socket_path.parent):
+            directory.mkdir(parents=True)
+        # `sshadapter` is this checkout, whatever else is installed.
+        shim = self.bin / "sshadapter"
+        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m sshadapter.cli "$@"\n')
+        shim.chmod(0o755)
+        self.env = {**os.environ, "PATH": f"{self.bin}:{os.environ['PATH']}",
+                    "PYTHONPATH": str(ROOT)}
+
+    def localize(self, text: str) -> str:
+        for old, new in self.substitutions:
+            if old in text:
+                self.unused.discard(old)
+                text = text.replace(old, new)
+        return re.sub(r"\bsshadapter (call|list)\b", rf"sshadapter \1 --socket {self.socket_path}",
+                      text)
+
+    def block(self, kind: str, name: str) -> Block:
+        self.used.add((kind, name))
+        return self.blocks[(kind, name)]
+
+    def run(self, name: str, expect_status: int = 0) -> str:
+        script = self.localize(self.block("run", name).text)
+        done = subprocess.run(["sh", "-e", "-c", script], cwd=self.work, env=self.env,
+                              capture_output=True, text=True, timeout=COMMAND_TIMEOUT_SECONDS)
+        assert done.returncode == expect_status, f"{name}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+    def write(self, path: str) -> Path:
+        target = Path(self.localize(path))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(self.localize(self.block("file", path).text))
+        return target
+
+    def output(self, name: str) -> str:
+        return self.block("output", name).text
+
+    def tmpfiles(self) -> None:
+        """What systemd-tmpfiles makes from systemd/sshadapter.tmpfiles (run for real in
+        test_systemd_units), without the chown to a group this machine may not have."""
+        for line in (ROOT / "systemd" / "sshadapter.tmpfiles").read_text().splitlines():
+            fields = line.split()
+            if fields and fields[0] == "d":
+                directory = self.root / fields[1].lstrip("/")
+                directory.mkdir(parents=True, exist_ok=True)
+                directory.chmod(int(fields[2], 8))
+
+
+def unit_values(path: Path, key: str) -> list[str]:
+    return [line.split("=", 1)[1].strip() for line in path.read_text().splitlines()
+            if line.startswith(f"{key}=")]
+
+
+@pytest.fixture
+def walk(tmp_path: Path) -> Iterator[Walkthrough]:
+    if not shutil.which("curl"):  # the guide reads the metrics with it
+        message = "curl not installed (the guide's metrics command)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with running_sshd() as sshd:
+        yield Walkthrough(tmp_path, sshd)
+
+
+def test_the_guide_from_adding_a_host_to_reading_the_audit(walk: Walkthrough) -> None:
+    walk.tmpfiles()
+
+    # Add a host: a key, its authorized_keys line, the host key checked out of band.
+    printed = walk.run("keygen").strip().splitlines()[-1]
+    assert printed.startswith(f'restrict,from="{walk.sshd.address}" ssh-ed25519 ')
+    key = walk.root / "etc/sshadapter/keys/ci.key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    with (walk.sshd.workdir / "authorized_keys").open("a") as authorized:
+        authorized.write(printed + "\n")
+    scanned = walk.run("keyscan").split()
+    on_host = walk.run("host-fingerprint").split()
+    assert scanned[1].startswith("SHA256:") and scanned[1] == on_host[1]
+    walk.run("known-hosts")
+    config = walk.write("/etc/sshadapter/config.toml")
+
+    # Start it, the way sshadapter.socket and sshadapter.service do.
+    with started_daemon(walk, config) as (daemon, notify):
+        # Write an operation, check it, reload.
+        for path in ("/etc/sshadapter/commands/file_stat.toml",
+                     "/etc/sshadapter/schemas/file_stat.v1.json",
+                     *(f"/etc/sshadapter/commands/file_stat.fixtures/{name}" for name in (
+                         "passwd.stdout", "passwd.case.json", "missing.stderr",
+                         "missing.case.json", "other_file.stdout", "other_file.case.json"))):
+            walk.write(path)
+        table = walk.run("check")
+        assert _lines(table) == _lines(walk.output("check"))
+        reload = unit_values(SERVICE, "ExecReload")[0].replace("$MAINPID", str(daemon.pid))
+        subprocess.run(shlex.split(reload), check=True)
+        assert notifications(notify, "READY=1") == ["RELOADING=1", "READY=1"]
+
+        # Call it.
+        envelope = json.loads(walk.run("call"))
+        shown = json.loads(walk.output("call"))
+        assert REQUEST_ID.match(envelope.pop("request_id"))
+        assert REQUEST_ID.match(shown.pop("request_id"))
+        assert envelope["outcome"] == shown["outcome"] == "success"
+        assert envelope["data"] == {"path": "/etc/passwd",
+                                    "size": os.stat("/etc/passwd").st_size,
+                                    "modified": int(os.stat("/etc/passwd").st_mtime)}
+        assert envelope.keys() == shown.keys() and envelope["data"].keys() == shown["data"].keys()
+        tools = json.loads(walk.run("list"))["tools"]
+        assert [tool["name"] for tool in tools] == ["file_stat"]
+        for name in ("call-missing", "call-invalid"):
+            got, expected = json.loads(walk.run(name, 1)), json.loads(walk.output(name))
+            assert REQUEST_ID.match(got.pop("request_id"))
+            expected.pop("request_id")
+            assert got == expected
+
+        # Read the audit trail and the metrics.
+        last = json.loads(walk.run("audit"))
+        assert (last["type"], last["tool"], last["code"], last["stage"]) == (
+            "result", "file_stat", "INVALID_REQUEST", "request")
+        failures = [json.loads(line) for line in walk.run("audit-failures").splitlines()]
+        assert [r["code"] for r in failures] == ["NOT_FOUND", "INVALID_REQUEST"]
+        assert failures[0]["attempts"][0]["exit_status"] == 1
+        assert failures[0]["caller"]["uid"] == os.getuid()
+        assert set(_lines(walk.run("metrics"))) == set(_lines(walk.output("metrics")))
+
+    # Every block of the guide was used here, or in test_systemd_units (the unit drop-ins).
+    drop_ins = {(b.kind, b.arg) for b in guide_blocks()
+                if b.kind == "file" and b.arg.startswith("/etc/systemd/")}
+    assert set(walk.blocks) - walk.used == drop_ins
+    assert not walk.unused, f"substitutions the guide no longer needs: {walk.unused}"
+
+
+@contextlib.contextmanager
+def started_daemon(walk: Walkthrough, config: Path
+                   ) -> Iterator[tuple[subprocess.Popen[bytes], socket.socket]]:
+    """ExecStart= with the socket passed as fd 3, credentials and notify; then systemctl stop."""
+    listen = unit_values(SOCKET_UNIT, "ListenStream")[0]
+    assert walk.socket_path == walk.root / listen.lstrip("/")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(walk.socket_path))
+    walk.socket_path.chmod(int(unit_values(SOCKET_UNIT, "SocketMode")[0], 8))
+    listener.listen()
+    credentials = walk.tmp / "credentials" / "sshadapter.service"
+    credentials.mkdir(parents=True)
+    for entry in unit_values(SERVICE, "LoadCredential"):
+        name, _, source = entry.partition(":")
+        shutil.copyfile(walk.localize(source), credentials / name)
+        (credentials / name).chmod(0o400)
+    argv = shlex.split(walk.localize(unit_values(SERVICE, "ExecStart")[0]))
+    argv[0] = str(walk.bin / "sshadapter")
+    env = {**walk.env, "NOTIFY_SOCKET": str(walk.tmp / "notify"),
+           "CREDENTIALS_DIRECTORY": str(credentials),
+           # Used only if activation failed: never the real /run.
+           "SSHADAPTER_SERVER__SOCKET_PATH": str(walk.tmp / "not-activated.sock")}
+    log_path = walk.tmp / "daemon.log"
+    with (socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify,
+          log_path.open("wb") as log):
+        notify.bind(str(walk.tmp / "notify"))
+        fd = listener.fileno()
+        daemon = subprocess.Popen(
+            ["bash", "-c", f'export LISTEN_FDS=1 LISTEN_PID=$$; exec "$@" 3<&{fd}', "bash",
+             *argv], env=env, pass_fds=(fd,), stderr=log)
+        listener.close()
+        try:
+            assert "READY=1" in notifications(notify, "READY=1")
+            yield daemon, notify
+            daemon.send_signal(signal.SIGTERM)  # systemctl stop
+            stop = float(unit_values(SERVICE, "TimeoutStopSec")[0].removesuffix("s"))
+            assert daemon.wait(stop) == 0
+        except BaseException:
+            print(log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
+            raise
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+            daemon.wait()
+
+
+def _lines(text: str) -> list[str]:
+    return [line.rstrip() for line in text.strip().splitlines()]
