@@ -102,6 +102,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from sshadapter.daemon import run_daemon
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # asyncssh logs five INFO lines per command (0.3 ms each call, and journald rate limits):
+    # the audit trail is the record of calls; keep asyncssh to warnings.
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)
     path = args.config
     if path is None and DEFAULT_CONFIG_PATH.is_file():
         path = DEFAULT_CONFIG_PATH

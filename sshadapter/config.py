@@ -30,7 +30,7 @@ DEFAULT_READ_TIMEOUT_SECONDS: Final = 10.0  # a client that stalls mid-line is d
 DEFAULT_DRAIN_TIMEOUT_SECONDS: Final = 30.0  # SIGTERM waits this long for in-flight calls
 DEFAULT_QUARANTINE_MAX_BYTES: Final = 256 * 1024 * 1024  # rejected outputs kept, oldest removed
 DEFAULT_CONNECT_TIMEOUT_SECONDS: Final = 10.0  # TCP + SSH handshake to one host
-DEFAULT_HOST_MAX_CONNECTIONS: Final = 4  # spread channels; sshd MaxStartups 10:30:100 drops bursts
+DEFAULT_HOST_MAX_CONNECTIONS: Final = 6  # 6 x 6 channels >= 32 calls; opened one at a time
 DEFAULT_MAX_CHANNELS_PER_CONNECTION: Final = 6  # below sshd's MaxSessions 10, which frees late
 DEFAULT_KEEPALIVE_SECONDS: Final = 30.0  # notice a dead connection before a call does
 

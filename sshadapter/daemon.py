@@ -17,6 +17,7 @@ import signal
 import socket
 import stat
 import struct
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final
 
@@ -142,10 +143,15 @@ class Daemon:
                                  "tools": sorted(self.service.registry.operations)})
         limit = self.config.server.max_request_bytes + 1
         self._server = await asyncio.start_unix_server(self._accept, sock=sock, limit=limit)
+        warm = getattr(self.runner, "warm", None)
+        warming = [asyncio.create_task(_warm(warm, alias)) for alias in self.config.hosts] \
+            if warm is not None else []
         systemd.notify("READY=1")
         log.info("serving %d tools on %s", len(self.service.registry.operations),
                  sock.getsockname())
         await self._stopping.wait()
+        for task in warming:
+            task.cancel()
         await self.shutdown()
 
     def stop(self) -> None:
@@ -231,8 +237,8 @@ class Daemon:
                 await writer.drain()
                 return
             response = await self.service.handle((first + rest).rstrip(b"\n"), peer)
-            writer.writelines((response, b"\n"))  # no copy of a large response to add "\n"
-            del response  # not kept alive while the next request is read
+            writer.write(response)
+            del response  # orjson's buffer is ~4x the response: not kept while the next is read
             await writer.drain()
 
 
@@ -262,9 +268,8 @@ def open_listening_socket(config: Config) -> tuple[socket.socket, bool]:
     return sock, True
 
 
-async def run_daemon(config_path: Path | None, runner: Runner | None = None) -> int:
-    """`sshadapter serve`: load everything, bind, serve until told to stop."""
-    config, _ = load_config(config_path)
+def assemble(config: Config, config_path: Path | None = None) -> Daemon:
+    """Everything a daemon is made of, from one configuration (serve and demo use it)."""
     registry = load_registry(config.paths.commands, config.paths.schemas,
                              hosts=config.hosts.keys())
     audit = AuditLog(config.audit.path, fsync=config.audit.fsync)
@@ -276,32 +281,37 @@ async def run_daemon(config_path: Path | None, runner: Runner | None = None) -> 
                     metrics.connect_failures.labels(host, reason).inc())
     metrics.watch_connections(ssh.connections)
     service = Service(
-        registry, runner or ssh, audit, default_allow=config.server.allow,
+        registry, ssh, audit, default_allow=config.server.allow,
         max_request_bytes=config.server.max_request_bytes,
         max_concurrent_calls=config.server.max_concurrent_calls,
         max_queue=config.server.max_queue, metrics=metrics, quarantine=quarantine,
     )
-    warming = [asyncio.create_task(_warm(ssh, alias)) for alias in config.hosts]
+    return Daemon(config, config_path, service, ssh, audit)
+
+
+async def run_daemon(config_path: Path | None) -> int:
+    """`sshadapter serve`: load everything, bind, serve until told to stop."""
+    config, _ = load_config(config_path)
+    daemon = assemble(config, config_path)
     if config.metrics.listen:
         host, _, port = config.metrics.listen.rpartition(":")
-        start_http_server(int(port), addr=host.strip("[]"), registry=service.metrics.registry)
+        start_http_server(int(port), addr=host.strip("[]"),
+                          registry=daemon.service.metrics.registry)
     sock, bound_here = open_listening_socket(config)
     inode = os.lstat(config.server.socket_path).st_ino if bound_here else None
     try:
-        await Daemon(config, config_path, service, runner or ssh, audit).serve(sock)
+        await daemon.serve(sock)
     finally:
-        for task in warming:
-            task.cancel()
         sock.close()
         if bound_here:
             _unlink_if_ours(config.server.socket_path, inode)
     return 0
 
 
-async def _warm(runner: SshRunner, alias: str) -> None:
+async def _warm(warm: Callable[[str], Awaitable[None]], alias: str) -> None:
     """Open the first connection before the first call needs it; a failure is only logged."""
     try:
-        await runner.warm(alias)
+        await warm(alias)
     except UpstreamError as exc:
         log.warning("host %s not reachable yet: %s", alias, exc)
 

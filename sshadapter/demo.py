@@ -24,8 +24,6 @@ from typing import Any, Final
 import asyncssh
 import orjson
 
-from sshadapter.audit import AuditLog
-from sshadapter.commands import load_registry
 from sshadapter.config import (
     Allow,
     AuditSection,
@@ -34,10 +32,8 @@ from sshadapter.config import (
     PathsSection,
     ServerSection,
 )
-from sshadapter.daemon import Daemon, bind_socket
+from sshadapter.daemon import assemble, bind_socket
 from sshadapter.rfc3339 import format_rfc3339
-from sshadapter.runners.ssh import SshRunner
-from sshadapter.service import Service
 
 LOCAL_COMMANDS: Final = frozenset({"df", "cat", "findmnt", "systemctl"})
 LOCAL_TIMEOUT_SECONDS: Final = 10.0
@@ -148,25 +144,19 @@ async def run_demo(out: Callable[[str], None] = print) -> int:
         host = HostSection(address="127.0.0.1", port=port, user=os.environ.get("USER") or "demo",
                            client_keys=(client_key,), known_hosts=known_hosts)
         config = Config(
-            server=ServerSection(socket_path=workdir / "sshadapter.sock"),
+            server=ServerSection(socket_path=workdir / "sshadapter.sock",
+                                 allow=Allow(uids=(os.getuid(),))),
             paths=PathsSection(commands=commands, schemas=root / "schemas"),
             audit=AuditSection(path=workdir / "audit.jsonl", fsync="never",
                                quarantine_dir=workdir / "quarantine"),
             hosts={"ci": host, "local": host},
         )
-        registry = load_registry(commands, root / "schemas", hosts=config.hosts.keys())
-        audit = AuditLog(config.audit.path, fsync="never")
-        audit.open()
-        runner = SshRunner(config.hosts)
-        service = Service(registry, runner, audit, default_allow=Allow(uids=(os.getuid(),)),
-                          max_request_bytes=config.server.max_request_bytes,
-                          max_concurrent_calls=config.server.max_concurrent_calls,
-                          max_queue=config.server.max_queue)
-        daemon = Daemon(config, None, service, runner, audit)
+        daemon = assemble(config)
+        service = daemon.service
         sock = bind_socket(config.server.socket_path, 0o600, "")
         serving = asyncio.create_task(daemon.serve(sock))
         out(f"sshadapter demo: SSH target on 127.0.0.1:{port}, daemon on "
-            f"{config.server.socket_path}, {len(registry.operations)} tools\n")
+            f"{config.server.socket_path}, {len(service.registry.operations)} tools\n")
         try:
             for why, tool, args in CALLS:
                 response = await _call(config.server.socket_path, tool, args)

@@ -147,7 +147,7 @@ class Service:
         self.clock = clock
 
     async def handle(self, line: bytes, peer: Peer) -> bytes:
-        """One request line in, one response line out (without the newline)."""
+        """One request line in, one response line out (newline included)."""
         request_id = envelope.new_request_id()
         started = time.monotonic()
         try:
@@ -331,4 +331,5 @@ def _attempt(started: float, run: RunResult | None, error: UpstreamError | None
 
 
 def _line(value: Mapping[str, Any]) -> bytes:
-    return orjson.dumps(value)
+    """One response line, newline included (no second copy of a large response to add it)."""
+    return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)

@@ -23,7 +23,8 @@ shuffled order, so machine noise hits all of them alike:
   local sh -c    the same command run locally, for scale (c=1, information only).
 
 Then 64 concurrent calls of an operation whose output is its maximum allowed
-size (1 MiB), reporting the daemons' peak RSS.
+size (1 MiB), reporting the daemons' peak RSS. ``--variant PATCH[+PATCH]`` adds a
+daemon running experimental fixes from daemon_patches.py to the same rounds.
 
 Latency is measured per call (time.perf_counter_ns) in the driving process;
 calls/s is calls over the phases' wall time. CPU per call: the daemon's
@@ -83,7 +84,7 @@ IDS = [f"bench-{i:04d}" for i in range(1000)]  # project ids cycled through by e
 
 FULL = dict(rounds=16, calls={1: 40, 8: 160, 32: 384, 64: 640},
             ssh_new=2, ssh_mux=20, local=20, big_rounds=2, big_calls=128)
-QUICK = dict(rounds=3, calls={1: 30, 8: 120, 32: 256, 64: 512},
+QUICK = dict(rounds=5, calls={1: 30, 8: 120, 32: 256, 64: 512},
              ssh_new=2, ssh_mux=15, local=15, big_rounds=1, big_calls=128)
 
 STATUS_TOML = """\

@@ -5,6 +5,10 @@ Run: ``python tests/bench/profile_ssh.py --load big --profile pyspy`` (needs
 wrapper that starts tracemalloc and dumps the biggest live allocation sites at
 the moment the traced memory peaks), or ``--profile none`` (RSS and CPU only,
 e.g. with ``--env MALLOC_ARENA_MAX=2`` to test an allocator setting).
+``--patch NAME`` applies an experimental fix from daemon_patches.py in the daemon;
+``--with-raw`` interleaves raw asyncssh phases (the floor) with the daemon's. It
+also prints the runner's time (stage 5, from the audit trail) against the
+end-to-end latency, and the daemon's log volume.
 
 Loads (the same operations, config and clients as bench_ssh.py):
   big        bench_big (1 MiB output) at concurrency 64
@@ -25,6 +29,8 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+
+import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -139,10 +145,13 @@ async def amain(args: argparse.Namespace) -> None:
                      "--format", "raw", "--output", str(collapsed), "--nonblocking"],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.0)
-            started = time.perf_counter()
+            wall = 0.0
             for _ in range(args.phases):
+                if args.with_raw:  # the floor, interleaved phase by phase
+                    await b.run_phase(bench, "raw asyncssh", level, args.calls, big=big)
+                w0 = time.perf_counter()
                 await b.run_phase(bench, "sshadapter", level, args.calls, big=big)
-            wall = time.perf_counter() - started
+                wall += time.perf_counter() - w0
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(30)
@@ -153,6 +162,17 @@ async def amain(args: argparse.Namespace) -> None:
                   f"{1000 * acc.daemon_cpu / acc.calls:.2f} ms/call, RSS before "
                   f"{rss0 / 2**20:.1f} MiB, peak {acc.peak_rss / 2**20:.1f} MiB, env {args.env}, "
                   f"patches {args.patch}")
+            if args.with_raw:
+                raw_acc = bench.accs[("raw asyncssh" + (" 1MiB" if big else ""), level)]
+                print(f"raw asyncssh interleaved: p50 {b.pct(raw_acc.lat, 50):.2f} ms, "
+                      f"p99 {b.pct(raw_acc.lat, 99):.2f} ms, {raw_acc.rate:.1f} calls/s")
+            results = [r for r in map(orjson.loads, (tmp / "audit-prof.jsonl").read_bytes()
+                                      .splitlines()) if r.get("type") == "result"][-acc.calls:]
+            runner = sorted(r["attempts"][0]["duration_seconds"] * 1000 for r in results)
+            if runner:
+                median = runner[len(runner) // 2]
+                print(f"stage 5 (runner) duration from the audit: p50 {median:.2f} ms; "
+                      f"end-to-end p50 minus it: {b.pct(acc.lat, 50) - median:.2f} ms")
             lines = log.read_text(errors="replace").splitlines()
             print(f"daemon log: {log.stat().st_size:,} B, {len(lines):,} lines in all; last 6:")
             print("\n".join("  " + line[:150] for line in lines[-6:]))
@@ -188,6 +208,8 @@ def main() -> None:
     parser.add_argument("--phases", type=int, default=2)
     parser.add_argument("--patch", action="append", default=[], choices=sorted(PATCHES),
                         help="apply an experimental fix in the daemon process")
+    parser.add_argument("--with-raw", action="store_true",
+                        help="interleave raw asyncssh phases (the floor) with the daemon's")
     parser.add_argument("--frames", type=int, default=1, help="tracemalloc frames")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the daemon")
