@@ -164,7 +164,7 @@ class Service:
             self.metrics.observe_call(envelope.SYSTEM_TOOL, "failure", "INVALID_REQUEST",
                                       "request", exc.reason, time.monotonic() - started)
             return _line(envelope.failure(envelope.SYSTEM_TOOL, request_id, "INVALID_REQUEST"))
-        return _line(await self._call(op, request.args, peer, request_id))
+        return await self._call(op, request.args, peer, request_id)
 
     def tools_for(self, peer: Peer) -> list[dict[str, Any]]:
         return [
@@ -176,7 +176,7 @@ class Service:
 
     async def _call(
         self, op: Operation, args: Mapping[str, Any], peer: Peer, request_id: str
-    ) -> dict[str, Any]:
+    ) -> bytes:
         call = CallRecord(op, peer, request_id)
         if not authorized(peer, op.spec.allow or self.default_allow):             # 2
             return await self._finish(call, Verdict(code="DENIED", stage="authorize",
@@ -198,7 +198,9 @@ class Service:
             log.error("%s intent not written, command not run: %s", request_id, exc)
             self.metrics.audit_failures.inc()
             verdict = Verdict(code="INTERNAL", stage="audit", reason="intent_not_written")
-        return await self._finish(call, verdict)                                  # 11
+        prepared = self._prepare(call, verdict)                                  # 10
+        del verdict  # the parsed output is not kept while the result record is made durable
+        return await self._commit(call, *prepared)                               # 11
 
     async def _attempts(self, call: CallRecord, args: Mapping[str, Any]) -> Verdict:
         """Stages 4-10, repeated in full for each retry the operation allows."""
@@ -243,26 +245,33 @@ class Service:
                 kept[stream] = None
         return kept
 
-    async def _finish(self, call: CallRecord, verdict: Verdict) -> dict[str, Any]:
-        """Seal the envelope, then make the result record durable before it is sent."""
-        sealed = seal(call.op, call.request_id, verdict)                          # 10
+    async def _finish(self, call: CallRecord, verdict: Verdict) -> bytes:
+        return await self._commit(call, *self._prepare(call, verdict))
+
+    def _prepare(self, call: CallRecord, verdict: Verdict
+                 ) -> tuple[bytes, dict[str, Any], tuple[str, str | None, str | None, str | None]]:
+        """The response line, the result record and what the metrics count, from a verdict."""
+        sealed = seal(call.op, call.request_id, verdict)
+        code = sealed["error"]["code"] if sealed["outcome"] == "failure" else None
+        return (_compact(_line(sealed)), call.result(verdict, sealed),
+                (sealed["outcome"], code, verdict.stage, verdict.reason))
+
+    async def _commit(self, call: CallRecord, line: bytes, record: dict[str, Any],
+                      counted: tuple[str, str | None, str | None, str | None]) -> bytes:
+        """Make the result record durable, then hand back the response line to send."""
         try:
-            await self.audit.append(call.result(verdict, sealed))                 # 11
+            await self.audit.append(record)
         except AuditError as exc:
             log.error("%s result not written: %s", call.request_id, exc)
             self.metrics.audit_failures.inc()
-            sealed = envelope.failure(call.op.name, call.request_id, "INTERNAL", False)
-        self._count(call, verdict, sealed)
-        return sealed
-
-    def _count(self, call: CallRecord, verdict: Verdict, sealed: Mapping[str, Any]) -> None:
+            line = _line(envelope.failure(call.op.name, call.request_id, "INTERNAL", False))
+            counted = ("failure", "INTERNAL", "audit", "result_not_written")
         m, tool = self.metrics, call.op.name
-        code = sealed["error"]["code"] if sealed["outcome"] == "failure" else None
-        m.observe_call(tool, sealed["outcome"], code, verdict.stage, verdict.reason,
-                       time.monotonic() - call.started)
+        m.observe_call(tool, *counted, time.monotonic() - call.started)
         for attempt in call.attempts:
             if "stdout_bytes" in attempt:
                 m.output_bytes.labels(tool).observe(attempt["stdout_bytes"])
+        return line
 
 
 def _should_retry(op: Operation, verdict: Verdict, ran: bool, attempts: int,
@@ -333,3 +342,11 @@ def _attempt(started: float, run: RunResult | None, error: UpstreamError | None
 def _line(value: Mapping[str, Any]) -> bytes:
     """One response line, newline included (no second copy of a large response to add it)."""
     return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
+
+
+COMPACT_ABOVE_BYTES: Final = 64 * 1024  # orjson's buffer is ~4x its output; worth a copy above
+
+
+def _compact(line: bytes) -> bytes:
+    """An exact-size copy of a large response, which may wait for an fsync before it is sent."""
+    return memoryview(line).tobytes() if len(line) > COMPACT_ABOVE_BYTES else line
