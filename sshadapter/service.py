@@ -34,6 +34,7 @@ from sshadapter.strict_json import StrictJSONError, strict_loads
 
 log = logging.getLogger(__name__)
 
+RETRY_BACKOFF_SECONDS: Final = 0.2  # before the 2nd attempt, doubling: a blip has time to pass
 REQUEST_MAX_DEPTH: Final = 8  # {"op", "tool", "args": {name: scalar}} needs 2; a little room
 _REQUEST_KEYS: Final = {"call": {"op", "tool", "args"}, "list": {"op"}}
 
@@ -229,6 +230,7 @@ class Service:
             call.attempts[-1]["verdict"] = _verdict_fields(verdict)
             if not _should_retry(op, verdict, ran, len(call.attempts), deadline):
                 return verdict
+            await asyncio.sleep(RETRY_BACKOFF_SECONDS * 2 ** (len(call.attempts) - 1))
 
     async def _quarantine(self, call: CallRecord, run: RunResult) -> dict[str, str | None]:
         """Keep the raw bytes of a rejected output for the operator; name them in the record."""
@@ -277,12 +279,13 @@ class Service:
 def _should_retry(op: Operation, verdict: Verdict, ran: bool, attempts: int,
                   deadline: float) -> bool:
     retry = op.spec.retry
+    backoff = RETRY_BACKOFF_SECONDS * 2 ** (attempts - 1)
     return (
         verdict.code in retry.on
         and verdict.retryable
         and attempts < retry.attempts
         and (op.spec.idempotent or not ran)     # after execution only for idempotent ones
-        and time.monotonic() + op.spec.timeout_seconds <= deadline
+        and time.monotonic() + backoff + op.spec.timeout_seconds <= deadline
     )
 
 
