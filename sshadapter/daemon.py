@@ -121,10 +121,9 @@ def _peer_groups(sock: socket.socket) -> frozenset[int]:
 class Daemon:
     """One running daemon: a listening socket, a Service, and its lifecycle."""
 
-    def __init__(self, config: Config, config_path: Path | None, service: Service,
-                 runner: Runner, audit: AuditLog) -> None:
+    def __init__(self, config: Config, service: Service, runner: Runner,
+                 audit: AuditLog) -> None:
         self.config = config
-        self.config_path = config_path
         self.service = service
         self.runner = runner
         self.audit = audit
@@ -268,7 +267,7 @@ def open_listening_socket(config: Config) -> tuple[socket.socket, bool]:
     return sock, True
 
 
-def assemble(config: Config, config_path: Path | None = None) -> Daemon:
+def assemble(config: Config) -> Daemon:
     """Everything a daemon is made of, from one configuration (serve and demo use it)."""
     registry = load_registry(config.paths.commands, config.paths.schemas,
                              hosts=config.hosts.keys())
@@ -286,13 +285,13 @@ def assemble(config: Config, config_path: Path | None = None) -> Daemon:
         max_concurrent_calls=config.server.max_concurrent_calls,
         max_queue=config.server.max_queue, metrics=metrics, quarantine=quarantine,
     )
-    return Daemon(config, config_path, service, ssh, audit)
+    return Daemon(config, service, ssh, audit)
 
 
 async def run_daemon(config_path: Path | None) -> int:
     """`sshadapter serve`: load everything, bind, serve until told to stop."""
     config, _ = load_config(config_path)
-    daemon = assemble(config, config_path)
+    daemon = assemble(config)
     if config.metrics.listen:
         host, _, port = config.metrics.listen.rpartition(":")
         start_http_server(int(port), addr=host.strip("[]"),

@@ -25,6 +25,7 @@ from sshadapter.config import (
 from sshadapter.daemon import Daemon, bind_socket
 from sshadapter.quarantine import Quarantine
 from sshadapter.runners.interface import Runner, RunResult
+from sshadapter.runners.scripted import ScriptedRunner
 from sshadapter.service import Service
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,25 +36,8 @@ JOB_OUT = {"project_id": "bluebird", "run_id": "run_8fK2mQ9xLp3a", "state": "fai
 JOB_COMMAND = "ci-cli run status --json --project bluebird"
 
 
-class TableRunner:
-    """Answers each command from a table; an entry may be a RunResult or an async callable."""
-
-    def __init__(self, table: Mapping[str, Any]) -> None:
-        self.table = dict(table)
-        self.calls: list[str] = []
-
-    async def run(self, host: str, command: str, *, timeout: float, max_stdout: int,
-                  max_stderr: int) -> RunResult:
-        self.calls.append(command)
-        answer = self.table.get(command, RunResult(b"", b"no such command\n", 127))
-        if callable(answer):
-            answer = await answer()
-        return RunResult(answer.stdout[: max_stdout + 1], answer.stderr[: max_stderr + 1],
-                         answer.exit_status)
-
-
-def job_runner() -> TableRunner:
-    return TableRunner({JOB_COMMAND: RunResult(orjson.dumps(JOB_OUT), b"", 0)})
+def job_runner() -> ScriptedRunner:
+    return ScriptedRunner({JOB_COMMAND: RunResult(orjson.dumps(JOB_OUT), b"", 0)})
 
 
 @dataclass
@@ -135,7 +119,7 @@ def with_daemon(
             max_concurrent_calls=config.server.max_concurrent_calls,
             max_queue=config.server.max_queue, clock=lambda: NOW,
         )
-        daemon = Daemon(config, None, service, use_runner, audit)
+        daemon = Daemon(config, service, use_runner, audit)
         sock = bind_socket(socket_path, socket_mode, "")
         task = asyncio.create_task(daemon.serve(sock))
         await asyncio.sleep(0)

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import orjson
 import pytest
-from daemon_harness import JOB_COMMAND, Running, TableRunner, with_daemon
+from daemon_harness import JOB_COMMAND, Running, with_daemon
 
 from sshadapter.audit import GENESIS, AuditLog
 from sshadapter.audit_verify import verify
 from sshadapter.quarantine import Quarantine
 from sshadapter.runners.interface import RunResult
+from sshadapter.runners.scripted import ScriptedRunner
 
 CALL = {"op": "call", "tool": "job_run_status", "args": {"project_id": "bluebird"}}
 
@@ -152,7 +153,7 @@ def test_quarantine_files_are_private_from_creation_and_capped(tmp_path: Path) -
 def test_rejected_output_is_quarantined_and_named_in_the_result(tmp_path: Path) -> None:
     """The raw bytes of a rejection are kept byte-exact and the result record names them."""
     raw = b'{"decision": "approved", "admin_override": true}'
-    runner = TableRunner({JOB_COMMAND: RunResult(raw, b"warning\n", 0)})
+    runner = ScriptedRunner({JOB_COMMAND: RunResult(raw, b"warning\n", 0)})
     async def body(d: Running) -> None:
         assert (await d.ask(CALL))["error"]["code"] == "INVALID_RESPONSE"
         result = [r for r in d.audit_records() if r["type"] == "result"][-1]
@@ -174,7 +175,7 @@ def test_result_that_cannot_be_written_is_internal_not_retryable(tmp_path: Path)
         response = await d.ask(CALL)
         assert response["error"] == {"code": "INTERNAL", "retryable": False}
         assert d.service.metrics.audit_failures._value.get() == 1
-    with_daemon(tmp_path, body, runner=TableRunner({JOB_COMMAND: close_audit_then_answer}))
+    with_daemon(tmp_path, body, runner=ScriptedRunner({JOB_COMMAND: close_audit_then_answer}))
 
 
 def test_no_key_path_in_audit_quarantine_or_logs(tmp_path: Path,

@@ -9,20 +9,13 @@ from pathlib import Path
 
 import orjson
 import pytest
-from daemon_harness import (
-    JOB_COMMAND,
-    JOB_OUT,
-    ROOT,
-    Running,
-    TableRunner,
-    shipped_commands,
-    with_daemon,
-)
+from daemon_harness import JOB_COMMAND, JOB_OUT, ROOT, Running, shipped_commands, with_daemon
 
 from sshadapter.config import Allow
 from sshadapter.daemon import bind_socket
 from sshadapter.errors import ConfigError
 from sshadapter.runners.interface import RunResult
+from sshadapter.runners.scripted import ScriptedRunner
 
 CALL = {"op": "call", "tool": "job_run_status", "args": {"project_id": "bluebird"}}
 AGENT_DATA = {k: JOB_OUT[k] for k in ("project_id", "run_id", "state", "observed_at")}
@@ -72,7 +65,7 @@ def test_hostile_requests_get_a_closed_envelope(tmp_path: Path, line: bytes) -> 
 
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path: Path) -> None:
     """Shell syntax in an argument fails the parameter pattern; nothing is run."""
-    runner = TableRunner({})
+    runner = ScriptedRunner({})
     async def body(d: Running) -> None:
         for args in ({"project_id": "x; rm -rf /"}, {}, {"project_id": 7},
                      {"project_id": "bluebird", "extra": "1"}):
@@ -155,7 +148,7 @@ def test_overload_answers_at_once(tmp_path: Path) -> None:
         assert (code(second), second["error"]["retryable"]) == ("OVERLOADED", True)
         release.set()
         assert (await first)["outcome"] == "success"
-    with_daemon(tmp_path, body, runner=TableRunner({JOB_COMMAND: slow}),
+    with_daemon(tmp_path, body, runner=ScriptedRunner({JOB_COMMAND: slow}),
                 max_concurrent_calls=1, max_queue=0)
 
 
@@ -164,7 +157,7 @@ def test_retry_after_declared_temporary_failure_gives_fresh_evidence(tmp_path: P
     answers = [RunResult(b"", b"api down\n", 75), RunResult(orjson.dumps(JOB_OUT), b"", 0)]
     async def next_answer() -> RunResult:
         return answers.pop(0)
-    runner = TableRunner({JOB_COMMAND: next_answer})
+    runner = ScriptedRunner({JOB_COMMAND: next_answer})
     async def body(d: Running) -> None:
         assert (await d.ask(CALL))["outcome"] == "success"
         result = [r for r in d.audit_records() if r["type"] == "result"][-1]
@@ -176,7 +169,7 @@ def test_retry_after_declared_temporary_failure_gives_fresh_evidence(tmp_path: P
 
 def test_no_retry_for_codes_not_listed(tmp_path: Path) -> None:
     """INVALID_RESPONSE is not in job_run_status's retry.on: one attempt only."""
-    runner = TableRunner({JOB_COMMAND: RunResult(b"<html>maintenance</html>", b"", 0)})
+    runner = ScriptedRunner({JOB_COMMAND: RunResult(b"<html>maintenance</html>", b"", 0)})
     async def body(d: Running) -> None:
         assert code(await d.ask(CALL)) == "INVALID_RESPONSE"
         assert len(runner.calls) == 1
@@ -198,7 +191,7 @@ def test_audit_has_intent_before_result_with_the_exact_command(tmp_path: Path) -
 
 def test_unwritable_audit_means_the_command_does_not_run(tmp_path: Path) -> None:
     """If the intent record cannot be written, the caller gets INTERNAL and nothing runs."""
-    runner = TableRunner({})
+    runner = ScriptedRunner({})
     async def body(d: Running) -> None:
         d.service.audit.close()  # every append now fails
         response = await d.ask(CALL)
@@ -233,7 +226,7 @@ def test_stop_drains_in_flight_calls(tmp_path: Path) -> None:
         await asyncio.sleep(0.1)
         d.daemon.stop()
         assert (await pending)["outcome"] == "success"
-    with_daemon(tmp_path, body, runner=TableRunner({JOB_COMMAND: slow}))
+    with_daemon(tmp_path, body, runner=ScriptedRunner({JOB_COMMAND: slow}))
 
 
 def test_stale_socket_is_replaced_but_a_live_one_is_not(tmp_path: Path) -> None:
@@ -293,7 +286,7 @@ def test_supplementary_group_of_the_caller_admits_it(tmp_path: Path) -> None:
         assert member["outcome"] == "success", member
         stranger = await loop.run_in_executor(None, call_as, d.path, [])
         assert code(stranger) == "DENIED"
-    with_daemon(tmp_path, body, runner=TableRunner({"cat /proc/loadavg": loadavg}),
+    with_daemon(tmp_path, body, runner=ScriptedRunner({"cat /proc/loadavg": loadavg}),
                 allow=Allow(groups=("users",)), commands=ROOT / "commands", socket_mode=0o666,
                 socket_dir=socket_dir)
     shutil.rmtree(socket_dir)

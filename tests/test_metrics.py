@@ -9,9 +9,10 @@ from pathlib import Path
 
 import orjson
 import pytest
-from daemon_harness import JOB_COMMAND, JOB_OUT, Running, TableRunner, with_daemon
+from daemon_harness import JOB_COMMAND, JOB_OUT, Running, with_daemon
 
 from sshadapter.runners.interface import RunResult
+from sshadapter.runners.scripted import ScriptedRunner
 
 CALL = {"op": "call", "tool": "job_run_status", "args": {"project_id": "bluebird"}}
 
@@ -71,7 +72,7 @@ def test_counters_after_accepted_and_rejected_calls_pass_promtool(tmp_path: Path
         checked = subprocess.run([promtool(), "check", "metrics"], input=text, text=True,
                                  capture_output=True, timeout=30)
         assert checked.returncode == 0, checked.stdout + checked.stderr
-    with_daemon(tmp_path, body, runner=TableRunner({JOB_COMMAND: next_answer}))
+    with_daemon(tmp_path, body, runner=ScriptedRunner({JOB_COMMAND: next_answer}))
 
 
 def test_alert_rules_in_the_readme_pass_promtool() -> None:

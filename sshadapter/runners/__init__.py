@@ -1,7 +1,7 @@
 """The seam between the pipeline and whatever runs a command.
 
 ``interface.Runner`` runs one command on one host and returns bytes, exit
-status and timing. Implementations: ``scripted`` (offline fixtures, tests) and,
+status and timing. Implementations: ``scripted`` (a table of recorded answers: tests) and,
 in production, asyncssh.
 """
 

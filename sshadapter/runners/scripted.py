@@ -1,27 +1,30 @@
-"""A runner that returns recorded output: offline fixture checks and tests."""
+"""A runner that answers from a table of recorded outputs: tests and offline runs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from sshadapter.runners.interface import RunResult
 
+Answer = RunResult | Callable[[], Awaitable[RunResult]]
+NO_SUCH_COMMAND = RunResult(b"", b"no such command\n", 127)  # what a shell says, exit 127
+
 
 class ScriptedRunner:
-    """Answers every command with ``script(host, command)``, capped like a real runner."""
+    """Answers each command string from ``table`` (a RunResult, or an async callable for
+    slow, changing or failing answers), capped like a real runner."""
 
-    def __init__(self, script: Callable[[str, str], RunResult]) -> None:
-        self._script = script
-        self.commands: list[tuple[str, str]] = []
+    def __init__(self, table: Mapping[str, Answer]) -> None:
+        self.table = dict(table)
+        self.calls: list[str] = []
+        """Every command asked for, in order."""
 
     async def run(
         self, host: str, command: str, *, timeout: float, max_stdout: int, max_stderr: int
     ) -> RunResult:
-        self.commands.append((host, command))
-        result = self._script(host, command)
-        return RunResult(
-            result.stdout[: max_stdout + 1],
-            result.stderr[: max_stderr + 1],
-            result.exit_status,
-            result.duration_seconds,
-        )
+        self.calls.append(command)
+        answer = self.table.get(command, NO_SUCH_COMMAND)
+        if callable(answer):
+            answer = await answer()
+        return RunResult(answer.stdout[: max_stdout + 1], answer.stderr[: max_stderr + 1],
+                         answer.exit_status, answer.duration_seconds)
