@@ -136,8 +136,11 @@ class AuditLog:
                 await asyncio.to_thread(os.fsync, fd)
                 self.syncs += 1
             except (OSError, AuditError) as exc:
-                error = exc if isinstance(exc, AuditError) else AuditError(
-                    f"{exc.strerror} syncing {self.path}")
+                error = (
+                    exc
+                    if isinstance(exc, AuditError)
+                    else AuditError(f"{exc.strerror} syncing {self.path}")
+                )
                 while self._waiters:
                     _, waiter = self._waiters.popleft()
                     if not waiter.done():

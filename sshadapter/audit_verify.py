@@ -45,14 +45,18 @@ class Report:
 
     def summary(self) -> str:
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.kinds.items()))
-        lines = [f"{self.records} records ({kinds})",
-                 "chain: intact" if self.ok else f"chain: {len(self.breaks)} break(s)"]
+        lines = [
+            f"{self.records} records ({kinds})",
+            "chain: intact" if self.ok else f"chain: {len(self.breaks)} break(s)",
+        ]
         lines += [f"  BREAK {b}" for b in self.breaks]
         lines += [f"  torn write (daemon died mid-write, then restarted): {t}" for t in self.torn]
         lines += [f"  note: {n}" for n in self.notes]
         open_ = self.open_intents
-        lines.append(f"intents without a result: {len(open_)}"
-                     + (" (calls that died with the daemon, or still running)" if open_ else ""))
+        lines.append(
+            f"intents without a result: {len(open_)}"
+            + (" (calls that died with the daemon, or still running)" if open_ else "")
+        )
         lines += [f"  {r['request_id']} {r['tool']} {r['time']}" for r in open_]
         return "\n".join(lines)
 
@@ -81,7 +85,8 @@ def verify(paths: Iterable[Path]) -> Report:
         elif record["prev"] != prev:
             report.breaks.append(
                 f"{where}: does not follow the record before it "
-                "(a record was edited, deleted or reordered)")
+                "(a record was edited, deleted or reordered)"
+            )
         prev = hashlib.sha256(body).hexdigest()
         _count(report, record, where)
     if pending_garbage is not None:

@@ -42,9 +42,7 @@ class Checks(BaseModel):
     fresh: Fresh | None = None
 
 
-def run_checks(
-    checks: Checks, value: Any, args: Mapping[str, Any], now: datetime
-) -> None:
+def run_checks(checks: Checks, value: Any, args: Mapping[str, Any], now: datetime) -> None:
     """Raise EvidenceError(stage="semantic") on the first failed check."""
     if not checks.equal and checks.fresh is None:
         return
@@ -56,7 +54,8 @@ def run_checks(
         # type() too: 1 == True and 1 == 1.0 in Python, but not for this contract.
         if got != want or type(got) is not type(want):
             raise EvidenceError(
-                "semantic", "not_equal",
+                "semantic",
+                "not_equal",
                 f"result field {field!r} does not equal argument {param!r}",
                 instance_path=f"/{field}",
             )
@@ -71,12 +70,11 @@ def _check_fresh(fresh: Fresh, raw: Any, now: datetime) -> None:
     try:
         observed = parse_rfc3339(raw)
     except ValueError as exc:
-        raise EvidenceError(
-            "semantic", "timestamp_invalid", str(exc), instance_path=path
-        ) from exc
+        raise EvidenceError("semantic", "timestamp_invalid", str(exc), instance_path=path) from exc
     if observed > now + timedelta(seconds=fresh.max_skew_seconds):
         raise EvidenceError(
-            "semantic", "timestamp_future",
+            "semantic",
+            "timestamp_future",
             f"{fresh.field} is {(observed - now).total_seconds():.0f}s in the future "
             f"(skew allowed {fresh.max_skew_seconds}s)",
             instance_path=path,
@@ -84,7 +82,8 @@ def _check_fresh(fresh: Fresh, raw: Any, now: datetime) -> None:
     age = (now - observed).total_seconds()
     if age > fresh.max_age_seconds:
         raise EvidenceError(
-            "semantic", "timestamp_stale",
+            "semantic",
+            "timestamp_stale",
             f"{fresh.field} is {age:.0f}s old (max {fresh.max_age_seconds}s)",
             instance_path=path,
         )

@@ -57,8 +57,12 @@ def _parser() -> argparse.ArgumentParser:
 
     call = sub.add_parser("call", help="call a tool through the daemon, print the envelope")
     call.add_argument("tool")
-    call.add_argument("args", nargs="*", metavar="key=value",
-                      help="a string argument, or key:=json for a number or boolean")
+    call.add_argument(
+        "args",
+        nargs="*",
+        metavar="key=value",
+        help="a string argument, or key:=json for a number or boolean",
+    )
     _add_socket(call)
     call.set_defaults(handler=_cmd_call)
 
@@ -66,15 +70,23 @@ def _parser() -> argparse.ArgumentParser:
     _add_socket(list_)
     list_.set_defaults(handler=_cmd_list)
 
-    demo = sub.add_parser("demo", help="run the daemon against an embedded SSH target, "
-                          "make example calls, clean up (no root, no sshd, no config)")
+    demo = sub.add_parser(
+        "demo",
+        help="run the daemon against an embedded SSH target, "
+        "make example calls, clean up (no root, no sshd, no config)",
+    )
     demo.set_defaults(handler=_cmd_demo)
 
     audit = sub.add_parser("audit", help="work with the audit trail")
     audit_sub = audit.add_subparsers(dest="audit_command", metavar="COMMAND", required=True)
     verify = audit_sub.add_parser("verify", help="check the hash chain and list open intents")
-    verify.add_argument("paths", nargs="*", type=Path, metavar="PATH",
-                        help="audit files, oldest first (default: [audit] path of the config)")
+    verify.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        metavar="PATH",
+        help="audit files, oldest first (default: [audit] path of the config)",
+    )
     _add_config(verify)
     verify.set_defaults(handler=_cmd_audit_verify)
 
@@ -87,15 +99,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_config(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--config", type=Path, default=None,
+        "--config",
+        type=Path,
+        default=None,
         help=f"config file (default {DEFAULT_CONFIG_PATH} if it exists, else built-in "
         "defaults with ./commands and ./schemas)",
     )
 
 
 def _add_socket(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--socket", type=Path, default=client.DEFAULT_SOCKET,
-                        help=f"the daemon's socket (default {client.DEFAULT_SOCKET})")
+    parser.add_argument(
+        "--socket",
+        type=Path,
+        default=client.DEFAULT_SOCKET,
+        help=f"the daemon's socket (default {client.DEFAULT_SOCKET})",
+    )
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -140,8 +158,11 @@ def _cmd_call(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"sshadapter: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return _print_response({"op": "call", "tool": args.tool, "args": call_args}, args.socket,
-                           ok=lambda r: r.get("outcome") == "success")
+    return _print_response(
+        {"op": "call", "tool": args.tool, "args": call_args},
+        args.socket,
+        ok=lambda r: r.get("outcome") == "success",
+    )
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -172,8 +193,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     _, registry = _load(args)
     rows = check_registry(registry)
     if args.json:
-        sys.stdout.buffer.write(orjson.dumps([r.as_json() for r in rows],
-                                             option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.buffer.write(
+            orjson.dumps([r.as_json() for r in rows], option=orjson.OPT_INDENT_2) + b"\n"
+        )
     else:
         print(format_table(rows))
     return EXIT_OK if all(r.ok for r in rows) else EXIT_FAILED

@@ -23,8 +23,9 @@ class ClientError(Exception):
     """The daemon could not be reached or answered with something that is not an envelope."""
 
 
-def request(path: Path, message: Mapping[str, Any], *,
-            timeout: float = CLIENT_TIMEOUT_SECONDS) -> Any:
+def request(
+    path: Path, message: Mapping[str, Any], *, timeout: float = CLIENT_TIMEOUT_SECONDS
+) -> Any:
     """Send one request, return the parsed response."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)

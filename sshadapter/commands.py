@@ -94,8 +94,17 @@ class OutputSection(_Table):
             "lines": {"header", "row", "shape", "max_rows", "types"},
             "kv": {"separator", "keys", "types"},
         }[self.format]
-        extractor_keys = {"pattern", "header", "row", "shape", "max_rows", "types",
-                          "separator", "keys", "max_depth"}
+        extractor_keys = {
+            "pattern",
+            "header",
+            "row",
+            "shape",
+            "max_rows",
+            "types",
+            "separator",
+            "keys",
+            "max_depth",
+        }
         for key in sorted((extractor_keys & self.model_fields_set) - allowed):
             raise _KeyedError(key, f"does not apply to format {self.format!r}")
         required = {"regex": ("pattern",), "lines": ("row", "shape"), "kv": ("separator", "keys")}
@@ -131,9 +140,7 @@ class CommandFile(_Table):
     version: Annotated[int, Field(ge=1)]
     host: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")]
     argv: tuple[Annotated[str, Field(max_length=4096)], ...] = Field(min_length=1, max_length=256)
-    timeout_seconds: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_SECONDS)] = (
-        DEFAULT_TIMEOUT_SECONDS
-    )
+    timeout_seconds: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_SECONDS)] = DEFAULT_TIMEOUT_SECONDS
     idempotent: bool = False
     allow: Allow | None = None
     params: dict[Annotated[str, Field(pattern=PARAM_NAME)], dict[str, Any]] = {}
@@ -295,14 +302,15 @@ def _parse_argv_element(file: str, index: int, element: str) -> ArgvElement:
     literal = ""
     position = 0
     for match in _PLACEHOLDER.finditer(element):
-        literal += element[position:match.start()]
+        literal += element[position : match.start()]
         position = match.end()
         token = match.group(0)
         if token in ("{{", "}}"):
             literal += token[0]
         elif match.group(1) is None:
             raise ConfigError(
-                file, f"argv[{index}]",
+                file,
+                f"argv[{index}]",
                 "stray brace: write {{ or }} for a literal brace, {name} for a parameter",
             )
         else:
@@ -325,10 +333,23 @@ def _check_params_used(file: str, spec: CommandFile, argv: tuple[ArgvElement, ..
 
 
 # Keywords a parameter schema may use: enough to constrain a scalar, nothing that opens it.
-PARAM_KEYWORDS: Final = frozenset({
-    "type", "description", "pattern", "enum", "const", "minLength", "maxLength",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "format",
-})
+PARAM_KEYWORDS: Final = frozenset(
+    {
+        "type",
+        "description",
+        "pattern",
+        "enum",
+        "const",
+        "minLength",
+        "maxLength",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "format",
+    }
+)
 
 
 def _params_schema(file: str, spec: CommandFile) -> dict[str, Any]:
@@ -341,8 +362,10 @@ def _params_schema(file: str, spec: CommandFile) -> dict[str, Any]:
             raise ConfigError(file, f"{key}.type", "must be string, integer or boolean")
         if kind == "string" and "pattern" not in param and "enum" not in param:
             raise ConfigError(
-                file, key, "string parameter needs `pattern` or `enum` (free text on purpose: "
-                "write the pattern that says so)"
+                file,
+                key,
+                "string parameter needs `pattern` or `enum` (free text on purpose: "
+                "write the pattern that says so)",
             )
         if kind == "integer" and ("minimum" not in param or "maximum" not in param):
             raise ConfigError(file, key, "integer parameter needs `minimum` and `maximum`")
@@ -379,8 +402,9 @@ def _build_parser(file: str, spec: CommandFile) -> OutputFormat:
         try:
             return re.compile(pattern)
         except re.error as exc:
-            raise ConfigError(file, f"output.{key}", f"not a valid regular expression: {exc}")\
-                from exc
+            raise ConfigError(
+                file, f"output.{key}", f"not a valid regular expression: {exc}"
+            ) from exc
 
     def check_types(groups: Collection[str]) -> None:
         for name in out.types:

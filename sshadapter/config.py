@@ -149,9 +149,7 @@ def load_config(path: Path | None) -> tuple[Config, Path]:
         first = exc.errors()[0]
         key = ".".join(str(p) for p in first["loc"])
         raise ConfigError(name, key, _pydantic_reason(first)) from exc
-    paths = PathsSection(
-        commands=base / config.paths.commands, schemas=base / config.paths.schemas
-    )
+    paths = PathsSection(commands=base / config.paths.commands, schemas=base / config.paths.schemas)
     return config.model_copy(update={"paths": paths}), base
 
 

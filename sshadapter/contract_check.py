@@ -35,8 +35,12 @@ class Row:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "tool": self.tool, "case": self.case, "kind": self.kind,
-            "expected": self.expected, "got": self.got, "ok": self.ok,
+            "tool": self.tool,
+            "case": self.case,
+            "kind": self.kind,
+            "expected": self.expected,
+            "got": self.got,
+            "ok": self.ok,
             "rejection": {"stage": self.stage, "reason": self.reason} if self.stage else None,
         }
 
@@ -49,8 +53,18 @@ def check_registry(registry: Registry) -> list[Row]:
     for op in registry.operations.values():
         fixtures = load_fixtures(op)
         if not any(f.expect["outcome"] == "success" for f in fixtures):
-            rows.append(Row(op.name, "-", "fixture", {"outcome": "success"},
-                            {"missing": "no accepted fixture"}, None, None, False))
+            rows.append(
+                Row(
+                    op.name,
+                    "-",
+                    "fixture",
+                    {"outcome": "success"},
+                    {"missing": "no accepted fixture"},
+                    None,
+                    None,
+                    False,
+                )
+            )
         for fixture in fixtures:
             row = _run(op, fixture, "fixture", fixture.stdout, fixture.expect)
             rows.append(row)
@@ -61,15 +75,24 @@ def check_registry(registry: Registry) -> list[Row]:
     return rows
 
 
-def _run(op: Operation, fixture: Fixture, kind: str, stdout: bytes,
-         expect: Mapping[str, Any]) -> Row:
+def _run(
+    op: Operation, fixture: Fixture, kind: str, stdout: bytes, expect: Mapping[str, Any]
+) -> Row:
     run = RunResult(stdout, fixture.stderr, fixture.exit_status)
     verdict = evaluate(op, fixture.args, run, fixture.now)
     sealed = seal(op, CHECK_REQUEST_ID, verdict)
     published = op.envelope_validator.is_valid(sealed)  # the full schema, data values included
     got = {k: v for k, v in sealed.items() if k != "request_id"}
-    return Row(op.name, fixture.case, kind, expect, got, verdict.stage, verdict.reason,
-               published and _matches(expect, got, verdict))
+    return Row(
+        op.name,
+        fixture.case,
+        kind,
+        expect,
+        got,
+        verdict.stage,
+        verdict.reason,
+        published and _matches(expect, got, verdict),
+    )
 
 
 def _matches(expect: Mapping[str, Any], got: Mapping[str, Any], verdict: Verdict) -> bool:
@@ -96,21 +119,26 @@ def describe_got(row: Row) -> str:
     if "missing" in row.got:
         return str(row.got["missing"])
     if row.got.get("outcome") == "success":
-        return "success" if row.ok or row.expected.get("outcome") != "success" else \
-            "success (other data)"
+        return (
+            "success"
+            if row.ok or row.expected.get("outcome") != "success"
+            else "success (other data)"
+        )
     text = f"failure {row.got['error']['code']}"
     return f"{text} @{row.stage}/{row.reason}" if row.stage else text
 
 
 def format_table(rows: list[Row]) -> str:
     headers = ("tool", "case", "kind", "expected", "got", "")
-    table = [(r.tool, r.case, r.kind, describe(r.expected), describe_got(r),
-              "ok" if r.ok else "MISS") for r in rows]
-    widths = [max(len(h), *(len(t[i]) for t in table)) if table else len(h)
-              for i, h in enumerate(headers)]
+    table = [
+        (r.tool, r.case, r.kind, describe(r.expected), describe_got(r), "ok" if r.ok else "MISS")
+        for r in rows
+    ]
+    widths = [
+        max(len(h), *(len(t[i]) for t in table)) if table else len(h) for i, h in enumerate(headers)
+    ]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip()
-              for t in table]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip() for t in table]
     misses = sum(not r.ok for r in rows)
     tools = len({r.tool for r in rows})
     lines.append(f"{len(rows)} checks over {tools} tools: {len(rows) - misses} ok, {misses} missed")

@@ -55,8 +55,11 @@ def bind_socket(path: Path, mode: int, group: str) -> socket.socket:
         pass
     else:
         if not stat.S_ISSOCK(info.st_mode):
-            raise ConfigError(str(path), "server.socket_path",
-                              "exists and is not a socket: refusing to replace it")
+            raise ConfigError(
+                str(path),
+                "server.socket_path",
+                "exists and is not a socket: refusing to replace it",
+            )
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(str(path))
@@ -83,8 +86,11 @@ def bind_socket(path: Path, mode: int, group: str) -> socket.socket:
             raise ConfigError("", "server.socket_group", f"no group {group!r}") from exc
         except OSError as exc:  # not a member of the group, or chown forbidden by a sandbox
             sock.close()
-            raise ConfigError(str(path), "server.socket_group",
-                              f"cannot give the socket to group {group!r}: {exc.strerror}") from exc
+            raise ConfigError(
+                str(path),
+                "server.socket_group",
+                f"cannot give the socket to group {group!r}: {exc.strerror}",
+            ) from exc
     os.chmod(path, mode)
     sock.listen(socket.SOMAXCONN)
     return sock
@@ -121,8 +127,7 @@ def _peer_groups(sock: socket.socket) -> frozenset[int]:
 class Daemon:
     """One running daemon: a listening socket, a Service, and its lifecycle."""
 
-    def __init__(self, config: Config, service: Service, runner: Runner,
-                 audit: AuditLog) -> None:
+    def __init__(self, config: Config, service: Service, runner: Runner, audit: AuditLog) -> None:
         self.config = config
         self.service = service
         self.runner = runner
@@ -137,17 +142,27 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
-        await self.audit.append({"type": "start", "time": now_text(),
-                                 "adapter_version": __version__, "pid": os.getpid(),
-                                 "tools": sorted(self.service.registry.operations)})
+        await self.audit.append(
+            {
+                "type": "start",
+                "time": now_text(),
+                "adapter_version": __version__,
+                "pid": os.getpid(),
+                "tools": sorted(self.service.registry.operations),
+            }
+        )
         limit = self.config.server.max_request_bytes + 1
         self._server = await asyncio.start_unix_server(self._accept, sock=sock, limit=limit)
         warm = getattr(self.runner, "warm", None)
-        warming = [asyncio.create_task(_warm(warm, alias)) for alias in self.config.hosts] \
-            if warm is not None else []
+        warming = (
+            [asyncio.create_task(_warm(warm, alias)) for alias in self.config.hosts]
+            if warm is not None
+            else []
+        )
         systemd.notify("READY=1")
-        log.info("serving %d tools on %s", len(self.service.registry.operations),
-                 sock.getsockname())
+        log.info(
+            "serving %d tools on %s", len(self.service.registry.operations), sock.getsockname()
+        )
         await self._stopping.wait()
         for task in warming:
             task.cancel()
@@ -164,8 +179,9 @@ class Daemon:
         try:
             await asyncio.wait_for(self.service.admission.idle.wait(), drain)
         except TimeoutError:
-            log.warning("drain deadline passed with %d calls in flight",
-                        self.service.admission.admitted)
+            log.warning(
+                "drain deadline passed with %d calls in flight", self.service.admission.admitted
+            )
         for task in self._connections:
             task.cancel()
         await asyncio.gather(*self._connections, return_exceptions=True)
@@ -181,11 +197,15 @@ class Daemon:
         """
         systemd.notify("RELOADING=1")
         try:
-            registry = load_registry(self.config.paths.commands, self.config.paths.schemas,
-                                     hosts=self.config.hosts.keys())
+            registry = load_registry(
+                self.config.paths.commands,
+                self.config.paths.schemas,
+                hosts=self.config.hosts.keys(),
+            )
         except ConfigError as exc:
-            log.error("reload refused, keeping %d tools: %s",
-                      len(self.service.registry.operations), exc)
+            log.error(
+                "reload refused, keeping %d tools: %s", len(self.service.registry.operations), exc
+            )
             self.service.metrics.reloads.labels("failure").inc()
         else:
             self.service.registry = registry
@@ -213,8 +233,7 @@ class Daemon:
             self._connections.discard(task)
             await _close(writer)
 
-    async def _converse(self, reader: asyncio.StreamReader,
-                        writer: asyncio.StreamWriter) -> None:
+    async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Requests in order, one at a time; idle and stalled clients are dropped."""
         peer = peer_of(writer.get_extra_info("socket"))
         server = self.config.server
@@ -242,13 +261,21 @@ class Daemon:
 
 
 def _invalid_request() -> bytes:
-    return orjson.dumps(envelope.failure(envelope.SYSTEM_TOOL, envelope.new_request_id(),
-                                         "INVALID_REQUEST")) + b"\n"
+    return (
+        orjson.dumps(
+            envelope.failure(envelope.SYSTEM_TOOL, envelope.new_request_id(), "INVALID_REQUEST")
+        )
+        + b"\n"
+    )
 
 
 def _overloaded() -> bytes:
-    return orjson.dumps(envelope.failure(envelope.SYSTEM_TOOL, envelope.new_request_id(),
-                                         "OVERLOADED")) + b"\n"
+    return (
+        orjson.dumps(
+            envelope.failure(envelope.SYSTEM_TOOL, envelope.new_request_id(), "OVERLOADED")
+        )
+        + b"\n"
+    )
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
@@ -262,28 +289,35 @@ def open_listening_socket(config: Config) -> tuple[socket.socket, bool]:
     passed = systemd.listen_fds()
     if passed:
         return passed[0], False
-    sock = bind_socket(config.server.socket_path, int(config.server.socket_mode, 8),
-                       config.server.socket_group)
+    sock = bind_socket(
+        config.server.socket_path, int(config.server.socket_mode, 8), config.server.socket_group
+    )
     return sock, True
 
 
 def assemble(config: Config) -> Daemon:
     """Everything a daemon is made of, from one configuration (serve and demo use it)."""
-    registry = load_registry(config.paths.commands, config.paths.schemas,
-                             hosts=config.hosts.keys())
+    registry = load_registry(config.paths.commands, config.paths.schemas, hosts=config.hosts.keys())
     audit = AuditLog(config.audit.path, fsync=config.audit.fsync)
     audit.open()
     quarantine = Quarantine(config.audit.quarantine_dir, config.audit.quarantine_max_bytes)
     quarantine.open()
     metrics = Metrics()
-    ssh = SshRunner(config.hosts, on_connect_failure=lambda host, reason:
-                    metrics.connect_failures.labels(host, reason).inc())
+    ssh = SshRunner(
+        config.hosts,
+        on_connect_failure=lambda host, reason: metrics.connect_failures.labels(host, reason).inc(),
+    )
     metrics.watch_connections(ssh.connections)
     service = Service(
-        registry, ssh, audit, default_allow=config.server.allow,
+        registry,
+        ssh,
+        audit,
+        default_allow=config.server.allow,
         max_request_bytes=config.server.max_request_bytes,
         max_concurrent_calls=config.server.max_concurrent_calls,
-        max_queue=config.server.max_queue, metrics=metrics, quarantine=quarantine,
+        max_queue=config.server.max_queue,
+        metrics=metrics,
+        quarantine=quarantine,
     )
     return Daemon(config, service, ssh, audit)
 
@@ -294,8 +328,9 @@ async def run_daemon(config_path: Path | None) -> int:
     daemon = assemble(config)
     if config.metrics.listen:
         host, _, port = config.metrics.listen.rpartition(":")
-        start_http_server(int(port), addr=host.strip("[]"),
-                          registry=daemon.service.metrics.registry)
+        start_http_server(
+            int(port), addr=host.strip("[]"), registry=daemon.service.metrics.registry
+        )
     sock, bound_here = open_listening_socket(config)
     inode = os.lstat(config.server.socket_path).st_ino if bound_here else None
     try:

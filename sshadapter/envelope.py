@@ -47,9 +47,7 @@ def success(tool: str, request_id: str, data: Mapping[str, Any]) -> dict[str, An
     return {"tool": tool, "request_id": request_id, "outcome": "success", "data": data}
 
 
-def failure(
-    tool: str, request_id: str, code: str, retryable: bool | None = None
-) -> dict[str, Any]:
+def failure(tool: str, request_id: str, code: str, retryable: bool | None = None) -> dict[str, Any]:
     if code not in CODES:
         raise ValueError(f"unknown error code {code}")  # a bug, never input
     return {
@@ -133,8 +131,7 @@ def envelope_guard_schema(published: Mapping[str, Any]) -> dict[str, Any]:
     data = success["properties"]["data"]
     guarded_data = {**data, "properties": {name: True for name in data["properties"]}}
     guarded_success = {**success, "properties": {**success["properties"], "data": guarded_data}}
-    return {"$schema": DRAFT_2020_12, "type": "object",
-            "oneOf": [guarded_success, failure_branch]}
+    return {"$schema": DRAFT_2020_12, "type": "object", "oneOf": [guarded_success, failure_branch]}
 
 
 SYSTEM_ENVELOPE_SCHEMA: Final[Mapping[str, Any]] = {

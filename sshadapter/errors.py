@@ -21,43 +21,80 @@ Stage = Literal[
     "request", "authorize", "transport", "exit", "parse", "extract", "schema", "semantic"
 ]
 STAGES: Final[tuple[Stage, ...]] = (
-    "request", "authorize", "transport", "exit", "parse", "extract", "schema", "semantic"
+    "request",
+    "authorize",
+    "transport",
+    "exit",
+    "parse",
+    "extract",
+    "schema",
+    "semantic",
 )
 
 # Reasons an output is rejected, by stage. Finite on purpose: they are metric labels.
 EVIDENCE_REASONS: Final[dict[str, frozenset[str]]] = {
     "exit": frozenset({"undeclared_exit_status"}),
-    "parse": frozenset({
-        "too_large", "bom", "not_utf8", "syntax", "trailing_data", "empty",
-        "duplicate_name", "non_finite_number", "number_out_of_range",
-        "lone_surrogate", "too_deep", "stderr_not_empty", "stderr_too_large",
-    }),
-    "extract": frozenset({
-        "unmatched_line", "missing_header", "too_many_rows", "no_rows", "too_many_lines",
-        "missing_key", "duplicate_key", "bad_type", "not_utf8", "control_character",
-        "too_large", "empty",
-    }),
+    "parse": frozenset(
+        {
+            "too_large",
+            "bom",
+            "not_utf8",
+            "syntax",
+            "trailing_data",
+            "empty",
+            "duplicate_name",
+            "non_finite_number",
+            "number_out_of_range",
+            "lone_surrogate",
+            "too_deep",
+            "stderr_not_empty",
+            "stderr_too_large",
+        }
+    ),
+    "extract": frozenset(
+        {
+            "unmatched_line",
+            "missing_header",
+            "too_many_rows",
+            "no_rows",
+            "too_many_lines",
+            "missing_key",
+            "duplicate_key",
+            "bad_type",
+            "not_utf8",
+            "control_character",
+            "too_large",
+            "empty",
+        }
+    ),
     "schema": frozenset({"schema_mismatch"}),
-    "semantic": frozenset({
-        "not_equal", "timestamp_invalid", "timestamp_stale", "timestamp_future",
-    }),
+    "semantic": frozenset(
+        {
+            "not_equal",
+            "timestamp_invalid",
+            "timestamp_stale",
+            "timestamp_future",
+        }
+    ),
 }
 
 
 # Why a call got no usable answer from the remote side (stage `transport`).
-TRANSPORT_REASONS: Final = frozenset({
-    "connect_refused",      # nothing listens (retryable)
-    "connect_timeout",      # TCP or SSH handshake took longer than connect_timeout_seconds
-    "connect_failed",       # other network error before the session (DNS, unreachable)
-    "host_key_mismatch",    # known_hosts says otherwise: never retried
-    "host_key_unknown",     # the host is not in known_hosts: never retried
-    "auth_failed",          # the server refused our key: never retried
-    "channel_open_failed",  # the server refused a session channel (MaxSessions)
-    "connection_lost",      # the connection dropped while the command ran
-    "command_timeout",      # the command ran longer than timeout_seconds; channel closed
-    "no_credentials",       # the configured key file or credential cannot be read
-    "pool_closed",          # the daemon is shutting down
-})
+TRANSPORT_REASONS: Final = frozenset(
+    {
+        "connect_refused",  # nothing listens (retryable)
+        "connect_timeout",  # TCP or SSH handshake took longer than connect_timeout_seconds
+        "connect_failed",  # other network error before the session (DNS, unreachable)
+        "host_key_mismatch",  # known_hosts says otherwise: never retried
+        "host_key_unknown",  # the host is not in known_hosts: never retried
+        "auth_failed",  # the server refused our key: never retried
+        "channel_open_failed",  # the server refused a session channel (MaxSessions)
+        "connection_lost",  # the connection dropped while the command ran
+        "command_timeout",  # the command ran longer than timeout_seconds; channel closed
+        "no_credentials",  # the configured key file or credential cannot be read
+        "pool_closed",  # the daemon is shutting down
+    }
+)
 
 
 class SshadapterError(Exception):
@@ -91,9 +128,7 @@ class UpstreamError(SshadapterError):
     idempotent one (DESIGN.md "Operator contract").
     """
 
-    def __init__(
-        self, reason: str, *, retryable: bool, ran: bool, detail: str = ""
-    ) -> None:
+    def __init__(self, reason: str, *, retryable: bool, ran: bool, detail: str = "") -> None:
         if reason not in TRANSPORT_REASONS:
             raise ValueError(f"unknown transport reason {reason}")  # a bug, not input
         self.code = "UPSTREAM_UNAVAILABLE"

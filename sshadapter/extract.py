@@ -71,9 +71,7 @@ class JsonlFormat:
         for number, line in enumerate(lines, 1):
             try:
                 rows.append(
-                    strict_loads(
-                        line.encode(), max_bytes=self.max_bytes, max_depth=self.max_depth
-                    )
+                    strict_loads(line.encode(), max_bytes=self.max_bytes, max_depth=self.max_depth)
                 )
             except StrictJSONError as exc:
                 raise EvidenceError("parse", exc.reason, f"line {number}: {exc.detail}") from exc
@@ -115,7 +113,7 @@ class LinesFormat:
             if number > len(lines) or pattern.fullmatch(lines[number - 1]) is None:
                 raise EvidenceError("extract", "missing_header", f"line {number}")
         rows: list[dict[str, Any]] = []
-        for number, line in enumerate(lines[len(self.header):], len(self.header) + 1):
+        for number, line in enumerate(lines[len(self.header) :], len(self.header) + 1):
             match = self.row.fullmatch(line)
             if match is None:
                 raise EvidenceError("extract", "unmatched_line", f"line {number}")

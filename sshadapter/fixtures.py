@@ -28,8 +28,10 @@ from sshadapter.strict_json import StrictJSONError, strict_loads
 
 MAX_FIXTURE_BYTES: Final = 16 * 1024 * 1024
 _CASE_KEYS: Final = {"args", "exit_status", "now", "expect"}
-_EXPECT_KEYS: Final = {"success": {"outcome", "data"},
-                       "failure": {"outcome", "code", "stage", "reason"}}
+_EXPECT_KEYS: Final = {
+    "success": {"outcome", "data"},
+    "failure": {"outcome", "code", "stage", "reason"},
+}
 
 
 @dataclass(frozen=True)
@@ -87,8 +89,7 @@ def _load_case(op: Operation, path: Path) -> Fixture:
         raise ConfigError(file, "", f"missing {stdout_path.name}")
     stderr_path = path.with_name(f"{case}.stderr")
     stderr = stderr_path.read_bytes() if stderr_path.is_file() else b""
-    return Fixture(op.name, case, stdout_path.read_bytes(), stderr, exit_status, args, now,
-                   expect)
+    return Fixture(op.name, case, stdout_path.read_bytes(), stderr, exit_status, args, now, expect)
 
 
 def _check_expect(file: str, expect: Any) -> Mapping[str, Any]:

@@ -38,8 +38,9 @@ class _ConnectionsCollector(Collector):
         self._source = source
 
     def collect(self):  # type: ignore[no-untyped-def]
-        family = GaugeMetricFamily("sshadapter_ssh_connections", "Open SSH connections per host.",
-                                   labels=["host"])
+        family = GaugeMetricFamily(
+            "sshadapter_ssh_connections", "Open SSH connections per host.", labels=["host"]
+        )
         for host, count in sorted(self._source().items()):
             family.add_metric([host], count)
         yield family
@@ -52,27 +53,50 @@ class Metrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created: noise
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.calls = Counter("sshadapter_calls", "Calls answered, by outcome and error code.",
-                             ["tool", "outcome", "code"], registry=r)
-        self.rejections = Counter("sshadapter_rejections",
-                                  "Outputs and requests rejected, by stage and reason.",
-                                  ["tool", "stage", "reason"], registry=r)
-        self.duration = Histogram("sshadapter_call_duration_seconds",
-                                  "Time from request to response.", ["tool"],
-                                  buckets=DURATION_BUCKETS, registry=r)
-        self.output_bytes = Histogram("sshadapter_output_bytes", "Bytes of stdout per attempt.",
-                                      ["tool"], buckets=OUTPUT_BUCKETS, registry=r)
-        self.inflight = Gauge("sshadapter_inflight_calls", "Calls running or waiting.",
-                              registry=r)
-        self.connect_failures = Counter("sshadapter_ssh_connect_failures",
-                                        "Failed SSH connection attempts.", ["host", "reason"],
-                                        registry=r)
-        self.audit_failures = Counter("sshadapter_audit_write_failures",
-                                      "Audit records that could not be written.", registry=r)
-        self.reloads = Counter("sshadapter_reloads", "Reloads of commands and schemas.",
-                               ["result"], registry=r)
-        build = Gauge("sshadapter_build_info", "Version of the running daemon.", ["version"],
-                      registry=r)
+        self.calls = Counter(
+            "sshadapter_calls",
+            "Calls answered, by outcome and error code.",
+            ["tool", "outcome", "code"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "sshadapter_rejections",
+            "Outputs and requests rejected, by stage and reason.",
+            ["tool", "stage", "reason"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "sshadapter_call_duration_seconds",
+            "Time from request to response.",
+            ["tool"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.output_bytes = Histogram(
+            "sshadapter_output_bytes",
+            "Bytes of stdout per attempt.",
+            ["tool"],
+            buckets=OUTPUT_BUCKETS,
+            registry=r,
+        )
+        self.inflight = Gauge("sshadapter_inflight_calls", "Calls running or waiting.", registry=r)
+        self.connect_failures = Counter(
+            "sshadapter_ssh_connect_failures",
+            "Failed SSH connection attempts.",
+            ["host", "reason"],
+            registry=r,
+        )
+        self.audit_failures = Counter(
+            "sshadapter_audit_write_failures",
+            "Audit records that could not be written.",
+            registry=r,
+        )
+        self.reloads = Counter(
+            "sshadapter_reloads", "Reloads of commands and schemas.", ["result"], registry=r
+        )
+        build = Gauge(
+            "sshadapter_build_info", "Version of the running daemon.", ["version"], registry=r
+        )
         build.labels(__version__).set(1)
 
     def watch_connections(self, source: Callable[[], Mapping[str, int]]) -> None:
@@ -81,8 +105,15 @@ class Metrics:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
-    def observe_call(self, tool: str, outcome: str, code: str | None, stage: str | None,
-                     reason: str | None, seconds: float) -> None:
+    def observe_call(
+        self,
+        tool: str,
+        outcome: str,
+        code: str | None,
+        stage: str | None,
+        reason: str | None,
+        seconds: float,
+    ) -> None:
         self.calls.labels(tool, outcome, code or "none").inc()
         self.duration.labels(tool).observe(seconds)
         if outcome == "failure" and stage and reason:

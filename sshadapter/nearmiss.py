@@ -48,8 +48,12 @@ def derive(op: Operation, stdout: bytes) -> list[NearMiss]:
             # Two equal rows are a legitimate table; duplicating a header or a kv line is not.
             if op.spec.output.shape == "rows" and index >= header_lines:
                 continue
-            misses.append((f"duplicate_line:{index + 1}", b"".join(
-                [*lines[: index + 1], _terminated(line), *lines[index + 1:]])))
+            misses.append(
+                (
+                    f"duplicate_line:{index + 1}",
+                    b"".join([*lines[: index + 1], _terminated(line), *lines[index + 1 :]]),
+                )
+            )
         if lines:
             misses.append(("ansi_escape", b"\x1b[31m" + stdout))
     return misses
@@ -57,8 +61,9 @@ def derive(op: Operation, stdout: bytes) -> list[NearMiss]:
 
 def _loads(op: Operation, raw: bytes) -> Any:
     try:
-        return strict_loads(raw, max_bytes=op.spec.output.max_bytes,
-                            max_depth=op.spec.output.max_depth)
+        return strict_loads(
+            raw, max_bytes=op.spec.output.max_bytes, max_depth=op.spec.output.max_depth
+        )
     except StrictJSONError as exc:  # the fixture itself was accepted, so this is a bug
         raise ValueError(f"accepted fixture does not parse: {exc}") from exc
 
@@ -72,8 +77,11 @@ def _value_misses(value: Any) -> Iterator[tuple[str, Any, Dup]]:
         yield "error_beside_data", {**value, "error": INJECTED_ERROR}, None
     for pointer, node in _walk(value):
         if isinstance(node, dict):
-            yield f"extra_property:{pointer or '/'}", _replace(
-                value, pointer, {**node, INJECTED_PROPERTY: True}), None
+            yield (
+                f"extra_property:{pointer or '/'}",
+                _replace(value, pointer, {**node, INJECTED_PROPERTY: True}),
+                None,
+            )
             for name, member in node.items():
                 at = f"{pointer}/{_escape(name)}"
                 if member is not None:
@@ -102,7 +110,7 @@ def _replace(value: Any, pointer: str, new: Any) -> Any:
     rest = f"/{rest}" if rest else ""
     if isinstance(value, list):
         index = int(head)
-        return [*value[:index], _replace(value[index], rest, new), *value[index + 1:]]
+        return [*value[:index], _replace(value[index], rest, new), *value[index + 1 :]]
     name = _unescape(head)
     return {**value, name: _replace(value[name], rest, new)}
 
@@ -118,8 +126,11 @@ def _dump(value: Any, dup: Dup, pointer: str = "") -> bytes:
                 members.append(text)
         return b"{" + b",".join(members) + b"}"
     if isinstance(value, list):
-        return b"[" + b",".join(
-            _dump(item, dup, f"{pointer}/{index}") for index, item in enumerate(value)) + b"]"
+        return (
+            b"["
+            + b",".join(_dump(item, dup, f"{pointer}/{index}") for index, item in enumerate(value))
+            + b"]"
+        )
     return orjson.dumps(value)
 
 

@@ -53,21 +53,25 @@ class Verdict:
     @classmethod
     def rejection(cls, exc: EvidenceError) -> Verdict:
         return cls(
-            code="INVALID_RESPONSE", stage=exc.stage, reason=exc.reason, detail=exc.detail,
-            schema_path=exc.schema_path, instance_path=exc.instance_path,
+            code="INVALID_RESPONSE",
+            stage=exc.stage,
+            reason=exc.reason,
+            detail=exc.detail,
+            schema_path=exc.schema_path,
+            instance_path=exc.instance_path,
         )
 
 
 def evaluate(op: Operation, args: Mapping[str, Any], run: RunResult, now: datetime) -> Verdict:
     """Stages 6-10 for one attempt. Never raises: any input ends in a Verdict."""
     try:
-        declared = check_exit_status(op, run)                   # 6
+        declared = check_exit_status(op, run)  # 6
         if declared is not None:
             return declared
-        value = op.parser.parse(run.stdout)                      # 7
-        op.output_validator.validate(value)                      # 8
-        run_checks(op.spec.checks, value, args, now)             # 9
-        return Verdict(data=project(op, value))                  # 10
+        value = op.parser.parse(run.stdout)  # 7
+        op.output_validator.validate(value)  # 8
+        run_checks(op.spec.checks, value, args, now)  # 9
+        return Verdict(data=project(op, value))  # 10
     except EvidenceError as exc:
         return Verdict.rejection(exc)
     except Exception:  # a bug in the daemon, not the remote side's fault
@@ -90,8 +94,11 @@ def check_exit_status(op: Operation, run: RunResult) -> Verdict | None:
         raise EvidenceError("exit", "undeclared_exit_status", f"exit status {run.exit_status}")
     if meaning != "success":
         return Verdict(
-            code=meaning, retryable=envelope.CODES[meaning], stage="exit",
-            reason="declared_exit_status", detail=f"exit status {run.exit_status} = {meaning}",
+            code=meaning,
+            retryable=envelope.CODES[meaning],
+            stage="exit",
+            reason="declared_exit_status",
+            detail=f"exit status {run.exit_status} = {meaning}",
         )
     if op.spec.output.stderr == "reject" and run.stderr:
         raise EvidenceError("parse", "stderr_not_empty", f"{len(run.stderr)} bytes on stderr")
@@ -108,8 +115,9 @@ def seal(op: Operation, request_id: str, verdict: Verdict) -> dict[str, Any]:
     if verdict.data is not None:
         sealed = envelope.success(op.name, request_id, verdict.data)
     else:
-        sealed = envelope.failure(op.name, request_id, verdict.code or "INTERNAL",
-                                  verdict.retryable)
+        sealed = envelope.failure(
+            op.name, request_id, verdict.code or "INTERNAL", verdict.retryable
+        )
     if not op.envelope_guard.is_valid(sealed):  # the projection broke its own contract
         log.error("envelope for %s does not match its schema", op.name)
         return envelope.failure(op.name, request_id, "INTERNAL")

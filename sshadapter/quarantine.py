@@ -49,9 +49,11 @@ class Quarantine:
             return None
         with self._lock:
             self._evict(room_for=len(data))
-            fd = os.open(self.directory / name,
-                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
-                         FILE_MODE)
+            fd = os.open(
+                self.directory / name,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+                FILE_MODE,
+            )
             try:
                 os.write(fd, data)
             finally:

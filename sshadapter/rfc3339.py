@@ -76,8 +76,12 @@ def parse_rfc3339(text: str) -> datetime:
     fraction = (match["fraction"] or "")[:6].ljust(6, "0")
     try:
         moment = datetime(
-            int(match["year"]), int(match["month"]), int(match["day"]),
-            int(match["hour"]), int(match["minute"]), min(second, 59),
+            int(match["year"]),
+            int(match["month"]),
+            int(match["day"]),
+            int(match["hour"]),
+            int(match["minute"]),
+            min(second, 59),
             999_999 if second == 60 else int(fraction),
             tzinfo=timezone(timedelta(minutes=offset)),
         )

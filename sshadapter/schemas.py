@@ -133,7 +133,9 @@ class Validator:
             self._compiled.validate(value)
         except jsonschema_rs.ValidationError as exc:
             raise EvidenceError(
-                "schema", "schema_mismatch", _first_line(exc)[:500],
+                "schema",
+                "schema_mismatch",
+                _first_line(exc)[:500],
                 schema_path=_pointer(exc.schema_path),
                 instance_path=_pointer(exc.instance_path),
             ) from exc
@@ -169,8 +171,16 @@ def _load_file(path: Path) -> LoadedSchema:
 
 # Keywords whose value is one subschema / a list of them / a map of them.
 _ONE: Final = (
-    "additionalProperties", "unevaluatedProperties", "items", "contains", "not",
-    "if", "then", "else", "propertyNames", "unevaluatedItems",
+    "additionalProperties",
+    "unevaluatedProperties",
+    "items",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "unevaluatedItems",
 )
 _LIST: Final = ("allOf", "anyOf", "oneOf", "prefixItems")
 _MAP: Final = ("properties", "patternProperties", "$defs", "dependentSchemas")
@@ -180,9 +190,9 @@ _COMPOSED: Final = ("allOf", "anyOf", "oneOf", "then", "else")
 _DEFINES_VALUES: Final = ("type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf")
 
 
-def lint(schema: Any, pointer: str = "", *, closed_by_parent: bool = False) -> Iterator[
-    tuple[str, str]
-]:
+def lint(
+    schema: Any, pointer: str = "", *, closed_by_parent: bool = False
+) -> Iterator[tuple[str, str]]:
     """Yield (JSON pointer, reason) for every subschema that is open or unbounded."""
     if schema is False:
         return
@@ -198,8 +208,11 @@ def lint(schema: Any, pointer: str = "", *, closed_by_parent: bool = False) -> I
         yield at, "accepts any value: give it a `type`, `enum`, `const` or `$ref`"
     is_object = "object" in types or "properties" in schema
     if is_object and not closed_by_parent and not _closes(schema):
-        yield at, "object is not closed: add `additionalProperties: false` (or " \
-            "`unevaluatedProperties: false` after `allOf`/`oneOf`)"
+        yield (
+            at,
+            "object is not closed: add `additionalProperties: false` (or "
+            "`unevaluatedProperties: false` after `allOf`/`oneOf`)",
+        )
     if "string" in types and not any(
         k in schema for k in ("maxLength", "pattern", "enum", "const", "format")
     ):
@@ -213,12 +226,18 @@ def lint(schema: Any, pointer: str = "", *, closed_by_parent: bool = False) -> I
     for key in _ONE:
         # Conditions (`if`, `not`, `contains`, `propertyNames`) admit no value themselves.
         if key in schema and key not in _CONDITIONS:
-            yield from lint(schema[key], f"{pointer}/{key}",
-                            closed_by_parent=closes_branches and key in _COMPOSED)
+            yield from lint(
+                schema[key],
+                f"{pointer}/{key}",
+                closed_by_parent=closes_branches and key in _COMPOSED,
+            )
     for key in _LIST:
         for index, sub in enumerate(schema.get(key, [])):
-            yield from lint(sub, f"{pointer}/{key}/{index}",
-                            closed_by_parent=closes_branches and key in _COMPOSED)
+            yield from lint(
+                sub,
+                f"{pointer}/{key}/{index}",
+                closed_by_parent=closes_branches and key in _COMPOSED,
+            )
     for key in _MAP:
         for name, sub in schema.get(key, {}).items():
             yield from lint(sub, f"{pointer}/{key}/{_escape(name)}")

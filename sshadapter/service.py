@@ -152,7 +152,7 @@ class Service:
         request_id = envelope.new_request_id()
         started = time.monotonic()
         try:
-            request = receive(line, self.max_request_bytes)                     # 1
+            request = receive(line, self.max_request_bytes)  # 1
             if request.op == "list":
                 return _line({"tools": self.tools_for(peer)})
             op = self.registry.get(request.tool)
@@ -162,15 +162,26 @@ class Service:
             # Logged, counted, not audited: nothing could run, and the line itself may be
             # hostile bulk that has no business in the audit trail.
             log.info("%s request from uid %d refused: %s", request_id, peer.uid, exc.reason)
-            self.metrics.observe_call(envelope.SYSTEM_TOOL, "failure", "INVALID_REQUEST",
-                                      "request", exc.reason, time.monotonic() - started)
+            self.metrics.observe_call(
+                envelope.SYSTEM_TOOL,
+                "failure",
+                "INVALID_REQUEST",
+                "request",
+                exc.reason,
+                time.monotonic() - started,
+            )
             return _line(envelope.failure(envelope.SYSTEM_TOOL, request_id, "INVALID_REQUEST"))
         return await self._call(op, request.args, peer, request_id)
 
     def tools_for(self, peer: Peer) -> list[dict[str, Any]]:
         return [
-            {"name": op.name, "description": op.spec.description, "version": op.spec.version,
-             "input_schema": op.params_schema, "output_schema": op.envelope_schema}
+            {
+                "name": op.name,
+                "description": op.spec.description,
+                "version": op.spec.version,
+                "input_schema": op.params_schema,
+                "output_schema": op.envelope_schema,
+            }
             for op in self.registry.operations.values()
             if authorized(peer, op.spec.allow or self.default_allow)
         ]
@@ -179,50 +190,63 @@ class Service:
         self, op: Operation, args: Mapping[str, Any], peer: Peer, request_id: str
     ) -> bytes:
         call = CallRecord(op, peer, request_id)
-        if not authorized(peer, op.spec.allow or self.default_allow):             # 2
-            return await self._finish(call, Verdict(code="DENIED", stage="authorize",
-                                                    reason="not_allowed"))
+        if not authorized(peer, op.spec.allow or self.default_allow):  # 2
+            return await self._finish(
+                call, Verdict(code="DENIED", stage="authorize", reason="not_allowed")
+            )
         try:
-            op.check_args(args)                                                  # 3
+            op.check_args(args)  # 3
         except RequestError as exc:
-            return await self._finish(call, Verdict(code="INVALID_REQUEST", stage="request",
-                                                    reason=exc.reason, detail=exc.detail))
+            return await self._finish(
+                call,
+                Verdict(
+                    code="INVALID_REQUEST", stage="request", reason=exc.reason, detail=exc.detail
+                ),
+            )
         call.command = op.command(args)
         try:
             with self.admission.ticket() as slots:
                 async with slots:
-                    verdict = await self._attempts(call, args)                    # 4-10
+                    verdict = await self._attempts(call, args)  # 4-10
         except Overloaded:
-            verdict = Verdict(code="OVERLOADED", retryable=True, stage="request",
-                              reason="overloaded")
+            verdict = Verdict(
+                code="OVERLOADED", retryable=True, stage="request", reason="overloaded"
+            )
         except AuditError as exc:
             log.error("%s intent not written, command not run: %s", request_id, exc)
             self.metrics.audit_failures.inc()
             verdict = Verdict(code="INTERNAL", stage="audit", reason="intent_not_written")
-        prepared = self._prepare(call, verdict)                                  # 10
+        prepared = self._prepare(call, verdict)  # 10
         del verdict  # the parsed output is not kept while the result record is made durable
-        return await self._commit(call, *prepared)                               # 11
+        return await self._commit(call, *prepared)  # 11
 
     async def _attempts(self, call: CallRecord, args: Mapping[str, Any]) -> Verdict:
         """Stages 4-10, repeated in full for each retry the operation allows."""
         op, retry = call.op, call.op.spec.retry
         deadline = time.monotonic() + retry.budget_seconds
         while True:
-            await self.audit.append(call.intent(len(call.attempts) + 1))          # 4
+            await self.audit.append(call.intent(len(call.attempts) + 1))  # 4
             started = time.monotonic()
             try:
-                run = await self.runner.run(                                      # 5
-                    op.spec.host, call.command, timeout=op.spec.timeout_seconds,
+                run = await self.runner.run(  # 5
+                    op.spec.host,
+                    call.command,
+                    timeout=op.spec.timeout_seconds,
                     max_stdout=op.spec.output.max_bytes,
                     max_stderr=op.spec.output.max_stderr_bytes,
                 )
             except UpstreamError as exc:
-                verdict = Verdict(code="UPSTREAM_UNAVAILABLE", retryable=exc.retryable,
-                                  stage="transport", reason=exc.reason, detail=exc.detail)
+                verdict = Verdict(
+                    code="UPSTREAM_UNAVAILABLE",
+                    retryable=exc.retryable,
+                    stage="transport",
+                    reason=exc.reason,
+                    detail=exc.detail,
+                )
                 call.attempts.append(_attempt(started, None, exc))
                 ran = exc.ran
             else:
-                verdict = evaluate(op, args, run, self.clock())                   # 6-10
+                verdict = evaluate(op, args, run, self.clock())  # 6-10
                 call.attempts.append(_attempt(started, run, None))
                 ran = True
                 if verdict.rejected:
@@ -240,8 +264,9 @@ class Service:
         kept: dict[str, str | None] = {}
         for stream, data in (("stdout", run.stdout), ("stderr", run.stderr)):
             try:
-                kept[stream] = await asyncio.to_thread(self.quarantine.keep,
-                                                       f"{stem}.{stream}", data)
+                kept[stream] = await asyncio.to_thread(
+                    self.quarantine.keep, f"{stem}.{stream}", data
+                )
             except OSError as exc:
                 log.error("%s not quarantined: %s", call.request_id, exc)
                 kept[stream] = None
@@ -250,16 +275,25 @@ class Service:
     async def _finish(self, call: CallRecord, verdict: Verdict) -> bytes:
         return await self._commit(call, *self._prepare(call, verdict))
 
-    def _prepare(self, call: CallRecord, verdict: Verdict
-                 ) -> tuple[bytes, dict[str, Any], tuple[str, str | None, str | None, str | None]]:
+    def _prepare(
+        self, call: CallRecord, verdict: Verdict
+    ) -> tuple[bytes, dict[str, Any], tuple[str, str | None, str | None, str | None]]:
         """The response line, the result record and what the metrics count, from a verdict."""
         sealed = seal(call.op, call.request_id, verdict)
         code = sealed["error"]["code"] if sealed["outcome"] == "failure" else None
-        return (_compact(_line(sealed)), call.result(verdict, sealed),
-                (sealed["outcome"], code, verdict.stage, verdict.reason))
+        return (
+            _compact(_line(sealed)),
+            call.result(verdict, sealed),
+            (sealed["outcome"], code, verdict.stage, verdict.reason),
+        )
 
-    async def _commit(self, call: CallRecord, line: bytes, record: dict[str, Any],
-                      counted: tuple[str, str | None, str | None, str | None]) -> bytes:
+    async def _commit(
+        self,
+        call: CallRecord,
+        line: bytes,
+        record: dict[str, Any],
+        counted: tuple[str, str | None, str | None, str | None],
+    ) -> bytes:
         """Make the result record durable, then hand back the response line to send."""
         try:
             await self.audit.append(record)
@@ -276,15 +310,16 @@ class Service:
         return line
 
 
-def _should_retry(op: Operation, verdict: Verdict, ran: bool, attempts: int,
-                  deadline: float) -> bool:
+def _should_retry(
+    op: Operation, verdict: Verdict, ran: bool, attempts: int, deadline: float
+) -> bool:
     retry = op.spec.retry
     backoff = RETRY_BACKOFF_SECONDS * 2 ** (attempts - 1)
     return (
         verdict.code in retry.on
         and verdict.retryable
         and attempts < retry.attempts
-        and (op.spec.idempotent or not ran)     # after execution only for idempotent ones
+        and (op.spec.idempotent or not ran)  # after execution only for idempotent ones
         and time.monotonic() + backoff + op.spec.timeout_seconds <= deadline
     )
 
@@ -302,12 +337,17 @@ class CallRecord:
 
     def _common(self, kind: str) -> dict[str, Any]:
         return {
-            "type": kind, "time": now_text(), "request_id": self.request_id,
-            "tool": self.op.name, "tool_version": self.op.spec.version,
-            "command_sha256": self.op.sha256, "schema_sha256": self.op.schema.sha256,
+            "type": kind,
+            "time": now_text(),
+            "request_id": self.request_id,
+            "tool": self.op.name,
+            "tool_version": self.op.spec.version,
+            "command_sha256": self.op.sha256,
+            "schema_sha256": self.op.schema.sha256,
             "adapter_version": __version__,
             "caller": {"uid": self.peer.uid, "gid": self.peer.gid, "pid": self.peer.pid},
-            "host": self.op.spec.host, "command": self.command,
+            "host": self.op.spec.host,
+            "command": self.command,
         }
 
     def intent(self, attempt: int) -> dict[str, Any]:
@@ -315,7 +355,8 @@ class CallRecord:
 
     def result(self, verdict: Verdict, sealed: Mapping[str, Any]) -> dict[str, Any]:
         return {
-            **self._common("result"), "attempts": self.attempts,
+            **self._common("result"),
+            "attempts": self.attempts,
             "outcome": sealed["outcome"],
             "code": sealed["error"]["code"] if sealed["outcome"] == "failure" else None,
             **_verdict_fields(verdict),
@@ -323,18 +364,24 @@ class CallRecord:
 
 
 def _verdict_fields(verdict: Verdict) -> dict[str, Any]:
-    return {"stage": verdict.stage, "reason": verdict.reason, "detail": verdict.detail,
-            "schema_path": verdict.schema_path, "instance_path": verdict.instance_path}
+    return {
+        "stage": verdict.stage,
+        "reason": verdict.reason,
+        "detail": verdict.detail,
+        "schema_path": verdict.schema_path,
+        "instance_path": verdict.instance_path,
+    }
 
 
-def _attempt(started: float, run: RunResult | None, error: UpstreamError | None
-             ) -> dict[str, Any]:
+def _attempt(started: float, run: RunResult | None, error: UpstreamError | None) -> dict[str, Any]:
     record: dict[str, Any] = {"duration_seconds": round(time.monotonic() - started, 6)}
     if run is not None:
         record.update(
             exit_status=run.exit_status,
-            stdout_bytes=len(run.stdout), stdout_sha256=hashlib.sha256(run.stdout).hexdigest(),
-            stderr_bytes=len(run.stderr), stderr_sha256=hashlib.sha256(run.stderr).hexdigest(),
+            stdout_bytes=len(run.stdout),
+            stdout_sha256=hashlib.sha256(run.stdout).hexdigest(),
+            stderr_bytes=len(run.stderr),
+            stderr_sha256=hashlib.sha256(run.stderr).hexdigest(),
             transport_error=None,
         )
     if error is not None:

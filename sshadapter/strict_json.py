@@ -23,11 +23,21 @@ import orjson
 
 # Reasons an input is rejected. Finite on purpose: they become metric labels
 # (errors.EVIDENCE_REASONS["parse"] is a superset).
-REASONS: Final[frozenset[str]] = frozenset({
-    "too_large", "bom", "not_utf8", "syntax", "trailing_data", "empty",
-    "duplicate_name", "non_finite_number", "number_out_of_range",
-    "lone_surrogate", "too_deep",
-})
+REASONS: Final[frozenset[str]] = frozenset(
+    {
+        "too_large",
+        "bom",
+        "not_utf8",
+        "syntax",
+        "trailing_data",
+        "empty",
+        "duplicate_name",
+        "non_finite_number",
+        "number_out_of_range",
+        "lone_surrogate",
+        "too_deep",
+    }
+)
 
 # Default size cap: 1 MiB is far more than any command output we validate.
 DEFAULT_MAX_BYTES: Final[int] = 1024 * 1024
@@ -166,8 +176,14 @@ _UNESCAPED: Final = re.compile(rb'[^"\\\x00-\x1f]*')
 _HEX4: Final = re.compile(rb"[0-9a-fA-F]{4}")
 # Section 7: the two-character escapes.
 _ESCAPES: Final = {
-    ord('"'): '"', ord("\\"): "\\", ord("/"): "/", ord("b"): "\b",
-    ord("f"): "\f", ord("n"): "\n", ord("r"): "\r", ord("t"): "\t",
+    ord('"'): '"',
+    ord("\\"): "\\",
+    ord("/"): "/",
+    ord("b"): "\b",
+    ord("f"): "\f",
+    ord("n"): "\n",
+    ord("r"): "\r",
+    ord("t"): "\t",
 }
 # Section 3: false / null / true. Section 6: NaN and Infinity are not numbers.
 _LITERALS: Final = ((b"true", True), (b"false", False), (b"null", None))
@@ -191,8 +207,10 @@ def _reference_parse(data: bytes, max_depth: int) -> Any:
         value, pos = _value(data, pos, max_depth)
     except _Fail as f:
         path = "$" + "".join(
-            f"[{seg}]" if isinstance(seg, int)
-            else f".{seg}" if seg.isidentifier() and seg.isascii()
+            f"[{seg}]"
+            if isinstance(seg, int)
+            else f".{seg}"
+            if seg.isidentifier() and seg.isascii()
             else f"[{orjson.dumps(seg[:64]).decode()}]"
             for seg in reversed(f.path)
         )
@@ -348,4 +366,4 @@ def _hex4(data: bytes, pos: int) -> tuple[int, int]:
     """Section 7: \\u followed by four hex digits (either case)."""
     if _HEX4.match(data, pos) is None:
         raise _Fail("syntax", pos - 2, "\\u escape needs four hex digits")
-    return int(data[pos:pos + 4], 16), pos + 4
+    return int(data[pos : pos + 4], 16), pos + 4

@@ -30,9 +30,14 @@ from sshadapter.service import Service
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = datetime(2026, 11, 30, 4, 12, tzinfo=UTC)
-JOB_OUT = {"project_id": "bluebird", "run_id": "run_8fK2mQ9xLp3a", "state": "failed",
-           "observed_at": "2026-11-30T04:10:00Z",
-           "url": "https://ci.example.invalid/r/1", "log_tail": "ok"}
+JOB_OUT = {
+    "project_id": "bluebird",
+    "run_id": "run_8fK2mQ9xLp3a",
+    "state": "failed",
+    "observed_at": "2026-11-30T04:10:00Z",
+    "url": "https://ci.example.invalid/r/1",
+    "log_tail": "ok",
+}
 JOB_COMMAND = "ci-cli run status --json --project bluebird"
 
 
@@ -69,8 +74,10 @@ def shipped_commands(tmp_path: Path) -> Path:
     for path in (ROOT / "commands").glob("*.toml"):
         text = path.read_text()
         if path.stem == "job_run_status":
-            text = text.replace('allow = { groups = ["agents"] }',
-                                f'allow = {{ groups = ["agents"], uids = [{os.getuid()}] }}')
+            text = text.replace(
+                'allow = { groups = ["agents"] }',
+                f'allow = {{ groups = ["agents"], uids = [{os.getuid()}] }}',
+            )
         (commands / path.name).write_text(text)
     return commands
 
@@ -100,9 +107,15 @@ def with_daemon(
             server=ServerSection(socket_path=socket_path, **server),
             paths=PathsSection(commands=commands, schemas=schemas),
             audit=AuditSection(path=audit_path, fsync="never"),
-            hosts=dict(hosts or {alias: HostSection(address="127.0.0.1", user="nobody",
-                                                    known_hosts=tmp_path / "known_hosts")
-                                 for alias in ("ci", "local")}),
+            hosts=dict(
+                hosts
+                or {
+                    alias: HostSection(
+                        address="127.0.0.1", user="nobody", known_hosts=tmp_path / "known_hosts"
+                    )
+                    for alias in ("ci", "local")
+                }
+            ),
         )
         registry = load_registry(commands, schemas, hosts=config.hosts.keys())
         audit = AuditLog(audit_path, fsync="never")
@@ -113,11 +126,15 @@ def with_daemon(
             kept = Quarantine(tmp_path / "quarantine", 1024 * 1024)
             kept.open()
         service = Service(
-            registry, use_runner, audit, quarantine=kept,
+            registry,
+            use_runner,
+            audit,
+            quarantine=kept,
             default_allow=allow or Allow(uids=(os.getuid(),)),
             max_request_bytes=config.server.max_request_bytes,
             max_concurrent_calls=config.server.max_concurrent_calls,
-            max_queue=config.server.max_queue, clock=lambda: NOW,
+            max_queue=config.server.max_queue,
+            clock=lambda: NOW,
         )
         daemon = Daemon(config, service, use_runner, audit)
         sock = bind_socket(socket_path, socket_mode, "")

@@ -96,8 +96,11 @@ class Sshd:
     def host_section(self, **overrides: Any) -> HostSection:
         """A [hosts.<alias>] section for this server; keyword arguments override fields."""
         fields: dict[str, Any] = {
-            "address": self.address, "port": self.port, "user": self.user,
-            "client_keys": (self.client_key,), "known_hosts": self.known_hosts,
+            "address": self.address,
+            "port": self.port,
+            "user": self.user,
+            "client_keys": (self.client_key,),
+            "known_hosts": self.known_hosts,
             "connect_timeout_seconds": 5.0,
         }
         fields.update(overrides)
@@ -118,7 +121,9 @@ def generate_key(path: Path, comment: str = "sshadapter-test") -> str:
     """An unencrypted ed25519 key pair at ``path`` (+ ``.pub``); returns the public line."""
     subprocess.run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-        check=True, stdin=subprocess.DEVNULL, capture_output=True,
+        check=True,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
     )
     return path.with_suffix(".pub").read_text().strip()
 
@@ -145,7 +150,9 @@ def _ensure_test_account() -> None:
     except KeyError:
         created = subprocess.run(
             ["useradd", "--system", "--create-home", "--shell", "/bin/sh", TEST_ACCOUNT],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         try:
             pwd.getpwnam(TEST_ACCOUNT)  # another run may have created it meanwhile
@@ -193,9 +200,15 @@ def running_sshd(*, max_sessions: int = 10) -> Iterator[Sshd]:
         for attempt in range(1, START_ATTEMPTS + 1):
             port = _free_port()
             config = workdir / "sshd_config"
-            config.write_text(SSHD_CONFIG.format(
-                port=port, host_key=host_key, workdir=workdir, user=user,
-                max_sessions=max_sessions))
+            config.write_text(
+                SSHD_CONFIG.format(
+                    port=port,
+                    host_key=host_key,
+                    workdir=workdir,
+                    user=user,
+                    max_sessions=max_sessions,
+                )
+            )
             with _sshd_process(config, workdir / "sshd.log", port) as started:
                 if not started:
                     if attempt == START_ATTEMPTS:
@@ -203,10 +216,15 @@ def running_sshd(*, max_sessions: int = 10) -> Iterator[Sshd]:
                         raise RuntimeError(f"sshd did not start: {log}")
                     continue
                 yield Sshd(
-                    address="127.0.0.1", port=port, user=user, client_key=client_key,
+                    address="127.0.0.1",
+                    port=port,
+                    user=user,
+                    client_key=client_key,
                     known_hosts=write_known_hosts(
-                        workdir / "known_hosts", "127.0.0.1", port, host_public),
-                    host_key=host_key, workdir=workdir,
+                        workdir / "known_hosts", "127.0.0.1", port, host_public
+                    ),
+                    host_key=host_key,
+                    workdir=workdir,
                 )
                 return
     finally:
@@ -219,7 +237,9 @@ def _sshd_process(config: Path, log_path: Path, port: int) -> Iterator[bool]:
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [str(SSHD), "-D", "-e", "-f", str(config)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         try:
             yield _wait_ready(process, port)
@@ -237,8 +257,10 @@ def _wait_ready(process: subprocess.Popen[bytes], port: int) -> bool:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             return False  # e.g. the port was taken after all
-        with (contextlib.suppress(OSError),
-              socket.create_connection(("127.0.0.1", port), timeout=1.0) as probe):
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection(("127.0.0.1", port), timeout=1.0) as probe,
+        ):
             if probe.recv(4) == b"SSH-":
                 return True
         time.sleep(0.02)
@@ -263,8 +285,7 @@ class FaultServer:
         self.client_key.chmod(0o600)
         self._host_key = host_key
         self._host_public = host_key.export_public_key().decode()
-        self._authorized = asyncssh.import_authorized_keys(
-            client_key.export_public_key().decode())
+        self._authorized = asyncssh.import_authorized_keys(client_key.export_public_key().decode())
         self.known_hosts = workdir / "fault_known_hosts"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -274,8 +295,11 @@ class FaultServer:
 
     def host_section(self, **overrides: Any) -> HostSection:
         fields: dict[str, Any] = {
-            "address": "127.0.0.1", "port": self.port, "user": self.user,
-            "client_keys": (self.client_key,), "known_hosts": self.known_hosts,
+            "address": "127.0.0.1",
+            "port": self.port,
+            "user": self.user,
+            "client_keys": (self.client_key,),
+            "known_hosts": self.known_hosts,
             "connect_timeout_seconds": 5.0,
         }
         fields.update(overrides)
@@ -326,12 +350,18 @@ class FaultServer:
 
             def connection_lost(self, exc: Exception | None) -> None:
                 server._connections.difference_update(
-                    [c for c in server._connections if c.is_closed()])
+                    [c for c in server._connections if c.is_closed()]
+                )
 
         acceptor = await asyncssh.create_server(
-            Tracking, "127.0.0.1", 0, config=None,
-            server_host_keys=[self._host_key], authorized_client_keys=self._authorized,
-            process_factory=self._handle, encoding=None,
+            Tracking,
+            "127.0.0.1",
+            0,
+            config=None,
+            server_host_keys=[self._host_key],
+            authorized_client_keys=self._authorized,
+            process_factory=self._handle,
+            encoding=None,
         )
         self.port = acceptor.get_port()
         ready.set()

@@ -27,25 +27,30 @@ def write_log(path: Path, records: list[dict[str, object]], fsync: str = "never"
             await log.append(record)
         log.close()
         return log
+
     return asyncio.run(main())
 
 
 def sample(n: int) -> list[dict[str, object]]:
     out: list[dict[str, object]] = [{"type": "start"}]
     for i in range(n):
-        out += [{"type": "intent", "request_id": f"req.{i:08d}", "tool": "t", "time": "x"},
-                {"type": "result", "request_id": f"req.{i:08d}", "attempts": [{}]}]
+        out += [
+            {"type": "intent", "request_id": f"req.{i:08d}", "tool": "t", "time": "x"},
+            {"type": "result", "request_id": f"req.{i:08d}", "attempts": [{}]},
+        ]
     return out
 
 
 def test_group_commit_shares_fsyncs_between_concurrent_appends(tmp_path: Path) -> None:
     """200 concurrent durable appends all complete with far fewer fsyncs than records."""
+
     async def main() -> AuditLog:
         log = AuditLog(tmp_path / "a.jsonl", fsync="always")
         log.open()
         await asyncio.gather(*(log.append({"type": "x", "n": i}) for i in range(200)))
         log.close()
         return log
+
     log = asyncio.run(main())
     assert len((tmp_path / "a.jsonl").read_bytes().splitlines()) == 200
     assert 1 <= log.syncs < 100
@@ -83,8 +88,16 @@ def test_tampering_breaks_the_chain(tmp_path: Path, tamper: str) -> None:
 
 def test_intents_without_result_are_listed(tmp_path: Path) -> None:
     """A call that died with the daemon shows as an intent with no result."""
-    records = [*sample(2), {"type": "intent", "request_id": "req.dead0000", "tool": "t",
-                             "time": "2026-11-30T04:00:00Z"}, {"type": "start"}]
+    records = [
+        *sample(2),
+        {
+            "type": "intent",
+            "request_id": "req.dead0000",
+            "tool": "t",
+            "time": "2026-11-30T04:00:00Z",
+        },
+        {"type": "start"},
+    ]
     write_log(tmp_path / "a.jsonl", records)
     report = verify([tmp_path / "a.jsonl"])
     assert report.ok
@@ -116,6 +129,7 @@ def test_garbage_line_in_the_middle_is_a_break(tmp_path: Path) -> None:
 def test_chain_continues_across_rotation(tmp_path: Path) -> None:
     """After logrotate renames the file and SIGHUP reopens it, old + new verify as one chain."""
     path = tmp_path / "a.jsonl"
+
     async def main() -> None:
         log = AuditLog(path, fsync="never")
         log.open()
@@ -124,6 +138,7 @@ def test_chain_continues_across_rotation(tmp_path: Path) -> None:
         log.reopen()
         await log.append({"type": "intent", "request_id": "req.00000001"})
         log.close()
+
     asyncio.run(main())
     assert verify([tmp_path / "a.jsonl.1", path]).ok
     assert verify([path]).notes  # alone, the new file says its chain started earlier
@@ -154,6 +169,7 @@ def test_rejected_output_is_quarantined_and_named_in_the_result(tmp_path: Path) 
     """The raw bytes of a rejection are kept byte-exact and the result record names them."""
     raw = b'{"decision": "approved", "admin_override": true}'
     runner = ScriptedRunner({JOB_COMMAND: RunResult(raw, b"warning\n", 0)})
+
     async def body(d: Running) -> None:
         assert (await d.ask(CALL))["error"]["code"] == "INVALID_RESPONSE"
         result = [r for r in d.audit_records() if r["type"] == "result"][-1]
@@ -161,39 +177,50 @@ def test_rejected_output_is_quarantined_and_named_in_the_result(tmp_path: Path) 
         directory = d.service.quarantine.directory  # type: ignore[union-attr]
         assert (directory / names["stdout"]).read_bytes() == raw
         assert (directory / names["stderr"]).read_bytes() == b"warning\n"
+
     with_daemon(tmp_path, body, runner=runner, quarantine=True)
 
 
 def test_result_that_cannot_be_written_is_internal_not_retryable(tmp_path: Path) -> None:
     """The command ran but its result record failed: the caller gets INTERNAL, retryable false."""
     holder: dict[str, Running] = {}
+
     async def close_audit_then_answer() -> RunResult:
         holder["d"].service.audit.close()
         return RunResult(b"{}", b"", 0)
+
     async def body(d: Running) -> None:
         holder["d"] = d
         response = await d.ask(CALL)
         assert response["error"] == {"code": "INTERNAL", "retryable": False}
         assert d.service.metrics.audit_failures._value.get() == 1
+
     with_daemon(tmp_path, body, runner=ScriptedRunner({JOB_COMMAND: close_audit_then_answer}))
 
 
-def test_no_key_path_in_audit_quarantine_or_logs(tmp_path: Path,
-                                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_no_key_path_in_audit_quarantine_or_logs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A private key path from the config appears in no record, quarantine file or log line."""
     from sshadapter.config import HostSection
     from sshadapter.runners.ssh import SshRunner
 
     secret = tmp_path / "keys" / "SECRET-ci-key-do-not-leak"
-    host = HostSection(address="127.0.0.1", port=1, user="nobody", client_keys=(secret,),
-                       known_hosts=tmp_path / "known_hosts")
+    host = HostSection(
+        address="127.0.0.1",
+        port=1,
+        user="nobody",
+        client_keys=(secret,),
+        known_hosts=tmp_path / "known_hosts",
+    )
     runner = SshRunner({"ci": host, "local": host})
+
     async def body(d: Running) -> None:
         response = await d.ask(CALL)
         assert response["error"] == {"code": "UPSTREAM_UNAVAILABLE", "retryable": False}
         await runner.close()
-    with_daemon(tmp_path, body, runner=runner, hosts={"ci": host, "local": host},
-                quarantine=True)
+
+    with_daemon(tmp_path, body, runner=runner, hosts={"ci": host, "local": host}, quarantine=True)
     evidence = (tmp_path / "audit.jsonl").read_bytes() + caplog.text.encode()
     for path in (tmp_path / "quarantine").iterdir():
         evidence += path.read_bytes()

@@ -17,8 +17,12 @@ CHECKS = Checks(
     equal={"project_id": "project_id"},
     fresh=Fresh(field="observed_at", max_age_seconds=300, max_skew_seconds=30),
 )
-GOOD = {"project_id": "bluebird", "run_id": "run_8fK2mQ9xLp3a", "state": "failed",
-        "observed_at": "2026-11-30T04:10:00Z"}
+GOOD = {
+    "project_id": "bluebird",
+    "run_id": "run_8fK2mQ9xLp3a",
+    "state": "failed",
+    "observed_at": "2026-11-30T04:10:00Z",
+}
 ARGS = {"project_id": "bluebird"}
 
 
@@ -72,11 +76,20 @@ def test_timestamp_without_timezone_is_invalid() -> None:
     assert reason({**GOOD, "observed_at": "2026-11-30T04:10:00"}) == "timestamp_invalid"
 
 
-@pytest.mark.parametrize("text", [
-    "2026-13-45T99:99:99Z", "2026-02-30T00:00:00Z", "2026-11-30 04:10:00Z",
-    "2026-11-30T04:10:00+24:00", "\uff12\uff10\uff12\uff16-11-30T04:10:00Z", "2026-11-30T04:10:61Z",
-    "2026-11-30T12:59:60Z", "0000-01-01T00:00:00Z", "",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-13-45T99:99:99Z",
+        "2026-02-30T00:00:00Z",
+        "2026-11-30 04:10:00Z",
+        "2026-11-30T04:10:00+24:00",
+        "\uff12\uff10\uff12\uff16-11-30T04:10:00Z",
+        "2026-11-30T04:10:61Z",
+        "2026-11-30T12:59:60Z",
+        "0000-01-01T00:00:00Z",
+        "",
+    ],
+)
 def test_rfc3339_parser_rejects_impossible_or_sloppy_times(text: str) -> None:
     """Things that look like timestamps but are not RFC 3339 date-times are refused."""
     with pytest.raises(ValueError):
@@ -90,8 +103,11 @@ def test_rfc3339_parser_accepts_rfc_forms() -> None:
     assert parse_rfc3339("2016-12-31T23:59:60Z").second == 59
 
 
-@given(st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(9999, 1, 1),
-                    timezones=st.just(UTC)))
+@given(
+    st.datetimes(
+        min_value=datetime(1970, 1, 1), max_value=datetime(9999, 1, 1), timezones=st.just(UTC)
+    )
+)
 def test_rfc3339_round_trips(moment: datetime) -> None:
     """Formatting then parsing gives the same instant."""
     assert parse_rfc3339(format_rfc3339(moment)) == moment

@@ -30,8 +30,13 @@ def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SSHADAPTER_")}
     env["PYTHONPATH"] = str(REPO)
     return subprocess.run(
-        [sys.executable, "-m", "sshadapter.cli", *args], cwd=cwd, env=env,
-        capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS, check=False,
+        [sys.executable, "-m", "sshadapter.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_SECONDS,
+        check=False,
     )
 
 
@@ -179,8 +184,12 @@ def test_schema_describes_the_envelopes_check_produces() -> None:
     schema = json.loads(run_cli("schema", "job_run_status").stdout)
     case = REPO / "commands" / "job_run_status.fixtures" / "failed_recent.case.json"
     data = json.loads(case.read_text())["expect"]["data"]
-    envelope = {"tool": "job_run_status", "request_id": "req.0123456789ab",
-                "outcome": "success", "data": data}
+    envelope = {
+        "tool": "job_run_status",
+        "request_id": "req.0123456789ab",
+        "outcome": "success",
+        "data": data,
+    }
     validator = jsonschema.Draft202012Validator(
         schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
     )

@@ -57,7 +57,7 @@ fields = ["item_id", "state"]
 
 # Text formats need an extractor; these replace the `format = "json"` line.
 LINES = 'format = "lines"\nshape = "one"\nrow = \'^(?P<item_id>[a-z]+) (?P<state>up|down)$\''
-REGEX = 'format = "regex"\npattern = \'^(?P<item_id>[a-z]+) (?P<state>up|down)$\''
+REGEX = "format = \"regex\"\npattern = '^(?P<item_id>[a-z]+) (?P<state>up|down)$'"
 
 # An operation built to exercise argv templates: placeholders inside elements,
 # literal braces, an integer, a boolean and a deliberately permissive free-text param.
@@ -112,8 +112,13 @@ def write(
     return commands_dir, schemas_dir
 
 
-def load(root: Path, text: str | bytes = COMMAND, *, name: str = "item_status.toml",
-         hosts: tuple[str, ...] | None = HOSTS) -> Registry:
+def load(
+    root: Path,
+    text: str | bytes = COMMAND,
+    *,
+    name: str = "item_status.toml",
+    hosts: tuple[str, ...] | None = HOSTS,
+) -> Registry:
     commands_dir, schemas_dir = write(root, {name: text})
     return load_registry(commands_dir, schemas_dir, hosts=hosts)
 
@@ -124,8 +129,9 @@ def refused(root: Path, text: str | bytes, *, name: str = "item_status.toml") ->
     return info.value
 
 
-def assert_names(exc: ConfigError, root: Path, key: str, phrase: str,
-                 name: str = "item_status.toml") -> None:
+def assert_names(
+    exc: ConfigError, root: Path, key: str, phrase: str, name: str = "item_status.toml"
+) -> None:
     assert Path(exc.file) == root / "commands" / name
     assert exc.key == key
     assert phrase in exc.reason
@@ -254,17 +260,22 @@ def test_missing_extractor_key_is_refused(tmp_path: Path) -> None:
 
 def test_text_formats_load(tmp_path: Path) -> None:
     """The lines and regex variants the next tests break are valid as written."""
-    commands_dir, schemas_dir = write(tmp_path, {
-        "lines_item.toml": replaced('format = "json"', LINES + '\ntypes = { state = "string" }'),
-        "regex_item.toml": replaced('format = "json"', REGEX),
-    })
+    commands_dir, schemas_dir = write(
+        tmp_path,
+        {
+            "lines_item.toml": replaced(
+                'format = "json"', LINES + '\ntypes = { state = "string" }'
+            ),
+            "regex_item.toml": replaced('format = "json"', REGEX),
+        },
+    )
     registry = load_registry(commands_dir, schemas_dir, hosts=HOSTS)
     assert sorted(registry.operations) == ["lines_item", "regex_item"]
 
 
 def test_invalid_row_regex_is_refused(tmp_path: Path) -> None:
     """A row pattern that does not compile names output.row."""
-    unclosed = "format = \"lines\"\nshape = \"one\"\nrow = '(?P<item_id>[a-z'"
+    unclosed = 'format = "lines"\nshape = "one"\nrow = \'(?P<item_id>[a-z\''
     text = replaced('format = "json"', unclosed)
     exc = refused(tmp_path, text)
     assert_names(exc, tmp_path, "output.row", "not a valid regular expression")
@@ -371,8 +382,14 @@ def args(text: Any = "hello", **overrides: Any) -> dict[str, Any]:
 def filled(a: dict[str, Any]) -> list[str]:
     """The argv the template must produce for ``a``, written out by hand."""
     flag = "true" if a["flag"] else "false"
-    return ["echo", f"--project={a['project']}", "{literal}", a["text"],
-            f"--count={a['count']}", flag]
+    return [
+        "echo",
+        f"--project={a['project']}",
+        "{literal}",
+        a["text"],
+        f"--count={a['count']}",
+        flag,
+    ]
 
 
 def test_placeholder_inside_element_is_filled_and_quoted_once(template: Operation) -> None:
@@ -397,8 +414,24 @@ def test_stray_brace_is_refused(tmp_path: Path, element: str) -> None:
 
 @pytest.mark.parametrize(
     "hostile",
-    ["$(rm -rf /)", "`id`", "a; rm -rf /", "line\nnext", "it's", 'say "hi"', "", "-n",
-     "a\\b", "*", "~root", "$HOME", "x && y || z", "> /etc/passwd", "\t\r", "é ü"],
+    [
+        "$(rm -rf /)",
+        "`id`",
+        "a; rm -rf /",
+        "line\nnext",
+        "it's",
+        'say "hi"',
+        "",
+        "-n",
+        "a\\b",
+        "*",
+        "~root",
+        "$HOME",
+        "x && y || z",
+        "> /etc/passwd",
+        "\t\r",
+        "é ü",
+    ],
 )
 def test_hostile_argument_is_one_inert_word(template: Operation, hostile: str) -> None:
     """Shell syntax in an argument comes back as exactly that argument after shlex.split."""
@@ -467,16 +500,29 @@ def test_operation_without_params_takes_an_empty_object(tmp_path: Path) -> None:
         "project=bluebird",
         None,
     ],
-    ids=["extra", "missing", "int-as-string", "bool-as-int", "fraction", "over-maximum",
-         "int-as-bool", "string-as-bool", "int-as-string-param", "pattern", "too-long",
-         "free-text-too-long", "array", "string", "null"],
+    ids=[
+        "extra",
+        "missing",
+        "int-as-string",
+        "bool-as-int",
+        "fraction",
+        "over-maximum",
+        "int-as-bool",
+        "string-as-bool",
+        "int-as-string-param",
+        "pattern",
+        "too-long",
+        "free-text-too-long",
+        "array",
+        "string",
+        "null",
+    ],
 )
 def test_check_args_rejects(template: Operation, bad: Any) -> None:
     """Extra, missing, mistyped or pattern-breaking arguments are a RequestError."""
     with pytest.raises(RequestError) as info:
         template.check_args(bad)
     assert info.value.reason == "bad_arguments"
-
 
 
 def test_unknown_parameter_keyword_is_refused(tmp_path: Path) -> None:

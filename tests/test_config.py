@@ -29,8 +29,7 @@ def test_example_config_documents_every_key_with_its_default() -> None:
 def test_example_config_loads_the_shipped_commands() -> None:
     """Paths are relative to the config file, and every host alias used exists."""
     config, _ = load_config(EXAMPLE)
-    registry = load_registry(config.paths.commands, config.paths.schemas,
-                             hosts=config.hosts.keys())
+    registry = load_registry(config.paths.commands, config.paths.schemas, hosts=config.hosts.keys())
     assert "job_run_status" in registry.operations
 
 
@@ -41,14 +40,19 @@ def test_unknown_key_names_file_and_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert (info.value.file, info.value.key, info.value.reason) == (
-        str(path), "server.max_concurent_calls", "unknown key")
+        str(path),
+        "server.max_concurent_calls",
+        "unknown key",
+    )
 
 
 def test_there_is_no_switch_for_host_key_checking(tmp_path: Path) -> None:
     """known_hosts is required and no key can turn checking off."""
     path = tmp_path / "c.toml"
-    path.write_text('[hosts.a]\naddress = "h"\nuser = "u"\nknown_hosts = "/k"\n'
-                    "strict_host_key_checking = false\n")
+    path.write_text(
+        '[hosts.a]\naddress = "h"\nuser = "u"\nknown_hosts = "/k"\n'
+        "strict_host_key_checking = false\n"
+    )
     with pytest.raises(ConfigError, match="unknown key"):
         load_config(path)
     path.write_text('[hosts.a]\naddress = "h"\nuser = "u"\n')

@@ -34,8 +34,10 @@ def start_daemon(config: Path, notify_path: Path) -> subprocess.Popen[bytes]:
     notify.bind(str(notify_path))
     daemon = subprocess.Popen(
         [sys.executable, "-m", "sshadapter.cli", "serve", "--config", str(config)],
-        cwd=ROOT, env={**os.environ, "NOTIFY_SOCKET": str(notify_path)},
-        stderr=subprocess.DEVNULL)
+        cwd=ROOT,
+        env={**os.environ, "NOTIFY_SOCKET": str(notify_path)},
+        stderr=subprocess.DEVNULL,
+    )
     try:
         notifications(notify, "READY=1")
     finally:
@@ -62,8 +64,9 @@ async def load(socket_path: Path, answered: list[str], stop: asyncio.Event) -> N
         writer.close()
 
 
-def test_sigkill_loses_no_answered_call_and_verify_names_the_dead(sshd: Sshd,
-                                                                  tmp_path: Path) -> None:
+def test_sigkill_loses_no_answered_call_and_verify_names_the_dead(
+    sshd: Sshd, tmp_path: Path
+) -> None:
     """Every answered call has intent and result; verify lists exactly the intents left open."""
     config = write_config(tmp_path, sshd)
     socket_path = tmp_path / "sshadapter.sock"
@@ -98,12 +101,16 @@ def test_sigkill_loses_no_answered_call_and_verify_names_the_dead(sshd: Sshd,
     died = intents - results
     assert len(died) <= CLIENTS and not died & set(answered)
 
-    done = subprocess.run([sys.executable, "-m", "sshadapter.cli", "audit", "verify",
-                           str(audit)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "sshadapter.cli", "audit", "verify", str(audit)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "chain: intact" in done.stdout
     assert f"intents without a result: {len(died)}" in done.stdout
-    reported = {line.split()[0] for line in done.stdout.splitlines()
-                if line.startswith("  req.")}
+    reported = {line.split()[0] for line in done.stdout.splitlines() if line.startswith("  req.")}
     assert reported == died
     assert [r["type"] for r in records].count("start") == 2

@@ -27,15 +27,18 @@ def code(response: dict[str, object]) -> object:
 
 def test_call_round_trip_returns_only_agent_fields(tmp_path: Path) -> None:
     """A call through the socket returns the projected data and a daemon-made request id."""
+
     async def body(d: Running) -> None:
         response = await d.ask(CALL)
         assert response["outcome"] == "success" and response["data"] == AGENT_DATA
         assert response["request_id"].startswith("req.")
+
     with_daemon(tmp_path, body)
 
 
 def test_several_requests_on_one_connection_answer_in_order(tmp_path: Path) -> None:
     """Three lines in one write get three responses, in order."""
+
     async def body(d: Running) -> None:
         reader, writer = await asyncio.open_unix_connection(str(d.path))
         bad = {"op": "call", "tool": "job_run_status", "args": {"project_id": "NO!"}}
@@ -45,38 +48,56 @@ def test_several_requests_on_one_connection_answer_in_order(tmp_path: Path) -> N
         assert answers[0]["outcome"] == "success"
         assert "tools" in answers[1]
         assert (answers[2]["tool"], code(answers[2])) == ("job_run_status", "INVALID_REQUEST")
+
     with_daemon(tmp_path, body)
 
 
-@pytest.mark.parametrize("line", [
-    b"{not json}\n", b'{"op": "call", "op": "list"}\n', b'{"op": "shell", "cmd": "id"}\n',
-    b'{"op": "call", "tool": "job_run_status", "args": {}, "sudo": true}\n', b"[]\n",
-    b'{"op": "call", "tool": "no_such_tool", "args": {}}\n', b"\n", b"\xff\xfe{}\n",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"{not json}\n",
+        b'{"op": "call", "op": "list"}\n',
+        b'{"op": "shell", "cmd": "id"}\n',
+        b'{"op": "call", "tool": "job_run_status", "args": {}, "sudo": true}\n',
+        b"[]\n",
+        b'{"op": "call", "tool": "no_such_tool", "args": {}}\n',
+        b"\n",
+        b"\xff\xfe{}\n",
+    ],
+)
 def test_hostile_requests_get_a_closed_envelope(tmp_path: Path, line: bytes) -> None:
     """Malformed, duplicate-keyed, unknown-op and unknown-tool lines: INVALID_REQUEST."""
+
     async def body(d: Running) -> None:
         response = await d.ask(line)
         assert set(response) == {"tool", "request_id", "outcome", "error"}
         assert (response["tool"], code(response)) == ("sshadapter", "INVALID_REQUEST")
         assert (await d.ask(CALL))["outcome"] == "success"
+
     with_daemon(tmp_path, body)
 
 
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path: Path) -> None:
     """Shell syntax in an argument fails the parameter pattern; nothing is run."""
     runner = ScriptedRunner({})
+
     async def body(d: Running) -> None:
-        for args in ({"project_id": "x; rm -rf /"}, {}, {"project_id": 7},
-                     {"project_id": "bluebird", "extra": "1"}):
+        for args in (
+            {"project_id": "x; rm -rf /"},
+            {},
+            {"project_id": 7},
+            {"project_id": "bluebird", "extra": "1"},
+        ):
             response = await d.ask({**CALL, "args": args})
             assert (response["tool"], code(response)) == ("job_run_status", "INVALID_REQUEST")
         assert runner.calls == []
+
     with_daemon(tmp_path, body, runner=runner)
 
 
 def test_oversized_line_is_refused_and_the_connection_dropped(tmp_path: Path) -> None:
     """A line over max_request_bytes gets INVALID_REQUEST; the daemon keeps serving."""
+
     async def body(d: Running) -> None:
         reader, writer = await asyncio.open_unix_connection(str(d.path))
         writer.write(b'{"op": "list", "pad": "' + b"x" * 5000)
@@ -85,32 +106,37 @@ def test_oversized_line_is_refused_and_the_connection_dropped(tmp_path: Path) ->
         assert await reader.read() == b""  # closed
         writer.close()
         assert (await d.ask(CALL))["outcome"] == "success"
+
     with_daemon(tmp_path, body, max_request_bytes=1024)
 
 
 def test_client_stalling_mid_line_is_dropped(tmp_path: Path) -> None:
     """Half a line then silence: the connection is closed after read_timeout_seconds."""
+
     async def body(d: Running) -> None:
         reader, writer = await asyncio.open_unix_connection(str(d.path))
         writer.write(b'{"op": "li')
         assert await asyncio.wait_for(reader.read(), 5) == b""
         writer.close()
         assert (await d.ask(CALL))["outcome"] == "success"
+
     with_daemon(tmp_path, body, read_timeout_seconds=0.3)
 
 
 def test_denied_uid_gets_denied_and_list_hides_the_tools(tmp_path: Path) -> None:
     """With nobody allowed, a call is DENIED (the tool named) and list is empty."""
+
     async def body(d: Running) -> None:
         response = await d.ask(CALL)
         assert (response["tool"], code(response)) == ("job_run_status", "DENIED")
         assert (await d.ask({"op": "list"})) == {"tools": []}
-    with_daemon(tmp_path, body, allow=Allow(uids=(os.getuid() + 4242,)),
-                commands=ROOT / "commands")
+
+    with_daemon(tmp_path, body, allow=Allow(uids=(os.getuid() + 4242,)), commands=ROOT / "commands")
 
 
 def test_list_shows_schemas_of_allowed_tools(tmp_path: Path) -> None:
     """list gives name, description, version, input and output schema per allowed tool."""
+
     async def body(d: Running) -> None:
         tools = {t["name"]: t for t in (await d.ask({"op": "list"}))["tools"]}
         # the `ci` tools allow only the group "agents"; the local ones use the default allow
@@ -118,29 +144,35 @@ def test_list_shows_schemas_of_allowed_tools(tmp_path: Path) -> None:
         tool = tools["disk_usage"]
         assert set(tool) == {"name", "description", "version", "input_schema", "output_schema"}
         assert tool["output_schema"]["type"] == "object" and "oneOf" in tool["output_schema"]
+
     with_daemon(tmp_path, body, allow=Allow(uids=(os.getuid(),)), commands=ROOT / "commands")
 
 
 def test_many_connections_at_once_then_a_normal_call(tmp_path: Path) -> None:
     """300 simultaneous connections each get an answer or are dropped; then a call succeeds."""
+
     async def body(d: Running) -> None:
         async def one() -> str:
             try:
                 return (await d.ask({"op": "list"})).get("error", {}).get("code", "ok")
             except (ConnectionError, OSError, ValueError):
                 return "dropped"
+
         results = await asyncio.gather(*(one() for _ in range(300)))
         assert set(results) <= {"ok", "OVERLOADED", "dropped"} and "ok" in results
         assert (await d.ask(CALL))["outcome"] == "success"
+
     with_daemon(tmp_path, body, max_connections=64)
 
 
 def test_overload_answers_at_once(tmp_path: Path) -> None:
     """One slot, no queue: a second concurrent call is OVERLOADED, retryable."""
     release = asyncio.Event()
+
     async def slow() -> RunResult:
         await release.wait()
         return RunResult(orjson.dumps(JOB_OUT), b"", 0)
+
     async def body(d: Running) -> None:
         first = asyncio.create_task(d.ask(CALL))
         await asyncio.sleep(0.2)
@@ -148,36 +180,49 @@ def test_overload_answers_at_once(tmp_path: Path) -> None:
         assert (code(second), second["error"]["retryable"]) == ("OVERLOADED", True)
         release.set()
         assert (await first)["outcome"] == "success"
-    with_daemon(tmp_path, body, runner=ScriptedRunner({JOB_COMMAND: slow}),
-                max_concurrent_calls=1, max_queue=0)
+
+    with_daemon(
+        tmp_path,
+        body,
+        runner=ScriptedRunner({JOB_COMMAND: slow}),
+        max_concurrent_calls=1,
+        max_queue=0,
+    )
 
 
 def test_retry_after_declared_temporary_failure_gives_fresh_evidence(tmp_path: Path) -> None:
     """Exit 75 then success: job_run_status (idempotent, retries UPSTREAM_UNAVAILABLE) retries."""
     answers = [RunResult(b"", b"api down\n", 75), RunResult(orjson.dumps(JOB_OUT), b"", 0)]
+
     async def next_answer() -> RunResult:
         return answers.pop(0)
+
     runner = ScriptedRunner({JOB_COMMAND: next_answer})
+
     async def body(d: Running) -> None:
         assert (await d.ask(CALL))["outcome"] == "success"
         result = [r for r in d.audit_records() if r["type"] == "result"][-1]
         assert [a["exit_status"] for a in result["attempts"]] == [75, 0]
         intents = [r for r in d.audit_records() if r["type"] == "intent"]
         assert [i["attempt"] for i in intents] == [1, 2]
+
     with_daemon(tmp_path, body, runner=runner)
 
 
 def test_no_retry_for_codes_not_listed(tmp_path: Path) -> None:
     """INVALID_RESPONSE is not in job_run_status's retry.on: one attempt only."""
     runner = ScriptedRunner({JOB_COMMAND: RunResult(b"<html>maintenance</html>", b"", 0)})
+
     async def body(d: Running) -> None:
         assert code(await d.ask(CALL)) == "INVALID_RESPONSE"
         assert len(runner.calls) == 1
+
     with_daemon(tmp_path, body, runner=runner)
 
 
 def test_audit_has_intent_before_result_with_the_exact_command(tmp_path: Path) -> None:
     """Each call leaves an intent and a result naming tool, caller, host and command."""
+
     async def body(d: Running) -> None:
         response = await d.ask(CALL)
         start, intent, result = d.audit_records()
@@ -186,17 +231,20 @@ def test_audit_has_intent_before_result_with_the_exact_command(tmp_path: Path) -
         assert intent["request_id"] == result["request_id"] == response["request_id"]
         assert result["command"] == JOB_COMMAND and result["caller"]["uid"] == os.getuid()
         assert result["host"] == "ci" and len(result["command_sha256"]) == 64
+
     with_daemon(tmp_path, body)
 
 
 def test_unwritable_audit_means_the_command_does_not_run(tmp_path: Path) -> None:
     """If the intent record cannot be written, the caller gets INTERNAL and nothing runs."""
     runner = ScriptedRunner({})
+
     async def body(d: Running) -> None:
         d.service.audit.close()  # every append now fails
         response = await d.ask(CALL)
         assert (code(response), response["error"]["retryable"]) == ("INTERNAL", False)
         assert runner.calls == []
+
     with_daemon(tmp_path, body, runner=runner)
 
 
@@ -206,6 +254,7 @@ def test_reload_keeps_the_old_set_when_a_file_is_bad(tmp_path: Path) -> None:
     commands.mkdir()
     source = shipped_commands(tmp_path / "all") / "job_run_status.toml"
     (commands / source.name).write_bytes(source.read_bytes())
+
     async def body(d: Running) -> None:
         (commands / "broken.toml").write_text("nonsense = true\n")
         d.daemon.reload()
@@ -213,19 +262,23 @@ def test_reload_keeps_the_old_set_when_a_file_is_bad(tmp_path: Path) -> None:
         (commands / "broken.toml").unlink()
         d.daemon.reload()
         assert set(d.service.registry.operations) == {"job_run_status"}
+
     with_daemon(tmp_path, body, commands=commands)
 
 
 def test_stop_drains_in_flight_calls(tmp_path: Path) -> None:
     """A call in flight when the daemon is told to stop still gets its answer."""
+
     async def slow() -> RunResult:
         await asyncio.sleep(0.5)
         return RunResult(orjson.dumps(JOB_OUT), b"", 0)
+
     async def body(d: Running) -> None:
         pending = asyncio.create_task(d.ask(CALL))
         await asyncio.sleep(0.1)
         d.daemon.stop()
         assert (await pending)["outcome"] == "success"
+
     with_daemon(tmp_path, body, runner=ScriptedRunner({JOB_COMMAND: slow}))
 
 
@@ -257,8 +310,10 @@ def test_socket_path_that_is_a_file_or_symlink_is_never_replaced(tmp_path: Path)
 SYSTEM_PYTHON = "/usr/bin/python3"  # readable by nobody, unlike a python under /root
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON),
-                    reason="needs root and /usr/bin/python3 to run a client as another user")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON),
+    reason="needs root and /usr/bin/python3 to run a client as another user",
+)
 def test_supplementary_group_of_the_caller_admits_it(tmp_path: Path) -> None:
     """A caller allowed only through a supplementary group (SO_PEERGROUPS) gets in; others not."""
     import grp
@@ -270,14 +325,23 @@ def test_supplementary_group_of_the_caller_admits_it(tmp_path: Path) -> None:
     socket_dir = Path(tempfile.mkdtemp(prefix="sshadapter-groups-"))  # pytest's tmp is 0700
     socket_dir.chmod(0o755)
     loadavg = RunResult(b"0.07 0.11 0.05 1/80 2344\n", b"", 0)
-    client = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]);"
-              "s.sendall(b'{\"op\":\"call\",\"tool\":\"load_average\",\"args\":{}}\\n');"
-              "print(s.makefile().readline())")
+    client = (
+        "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]);"
+        's.sendall(b\'{"op":"call","tool":"load_average","args":{}}\\n\');'
+        "print(s.makefile().readline())"
+    )
 
     def call_as(path: Path, extra_groups: list[int]) -> dict[str, object]:
-        done = subprocess.run([SYSTEM_PYTHON, "-c", client, str(path)], user=65534,
-                              group=65534, extra_groups=extra_groups, capture_output=True,
-                              text=True, timeout=30, cwd="/")
+        done = subprocess.run(
+            [SYSTEM_PYTHON, "-c", client, str(path)],
+            user=65534,
+            group=65534,
+            extra_groups=extra_groups,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd="/",
+        )
         return orjson.loads(done.stdout)  # type: ignore[no-any-return]
 
     async def body(d: Running) -> None:
@@ -286,7 +350,14 @@ def test_supplementary_group_of_the_caller_admits_it(tmp_path: Path) -> None:
         assert member["outcome"] == "success", member
         stranger = await loop.run_in_executor(None, call_as, d.path, [])
         assert code(stranger) == "DENIED"
-    with_daemon(tmp_path, body, runner=ScriptedRunner({"cat /proc/loadavg": loadavg}),
-                allow=Allow(groups=("users",)), commands=ROOT / "commands", socket_mode=0o666,
-                socket_dir=socket_dir)
+
+    with_daemon(
+        tmp_path,
+        body,
+        runner=ScriptedRunner({"cat /proc/loadavg": loadavg}),
+        allow=Allow(groups=("users",)),
+        commands=ROOT / "commands",
+        socket_mode=0o666,
+        socket_dir=socket_dir,
+    )
     shutil.rmtree(socket_dir)

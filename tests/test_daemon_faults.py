@@ -26,8 +26,15 @@ from sshadapter.runners.ssh import SshRunner
 
 TOOL = "fault_probe"  # host alias `faults`: the host whose faults each test provokes
 HEALTHY_TOOL = "healthy_probe"  # the same contract on alias `healthy`: always the good section
-VERBS = ["hang", "drop", "flood-stdout", "flood-stderr", "echo", "exit",
-         "bogus"]  # bogus: the fault server answers "unknown fault command" on stderr
+VERBS = [
+    "hang",
+    "drop",
+    "flood-stdout",
+    "flood-stderr",
+    "echo",
+    "exit",
+    "bogus",
+]  # bogus: the fault server answers "unknown fault command" on stderr
 TIMEOUT_SECONDS = 2
 MAX_BYTES = 1024
 MAX_STDERR_BYTES = 1024
@@ -86,15 +93,25 @@ def contract(tmp_path: Path) -> tuple[Path, Path]:
     commands.mkdir()
     schemas.mkdir()
     for tool, host in ((TOOL, "faults"), (HEALTHY_TOOL, "healthy")):
-        (commands / f"{tool}.toml").write_text(COMMAND_TOML.format(
-            host=host, timeout=TIMEOUT_SECONDS, verbs=json.dumps(VERBS), max_bytes=MAX_BYTES,
-            max_stderr_bytes=MAX_STDERR_BYTES))
+        (commands / f"{tool}.toml").write_text(
+            COMMAND_TOML.format(
+                host=host,
+                timeout=TIMEOUT_SECONDS,
+                verbs=json.dumps(VERBS),
+                max_bytes=MAX_BYTES,
+                max_stderr_bytes=MAX_STDERR_BYTES,
+            )
+        )
     (schemas / "fault_probe.v1.json").write_text(json.dumps(SCHEMA))
     return commands, schemas
 
 
-def serve(tmp_path: Path, faults: FaultServer, body: Callable[[Running], Awaitable[None]],
-          faulty: HostSection | None = None) -> None:
+def serve(
+    tmp_path: Path,
+    faults: FaultServer,
+    body: Callable[[Running], Awaitable[None]],
+    faulty: HostSection | None = None,
+) -> None:
     """Run ``body`` against a daemon whose alias ``faults`` uses ``faulty`` (default: good)."""
     hosts = {"faults": faulty or faults.host_section(), "healthy": faults.host_section()}
     runner = SshRunner(hosts)
@@ -106,8 +123,7 @@ def serve(tmp_path: Path, faults: FaultServer, body: Callable[[Running], Awaitab
         finally:
             await runner.close()
 
-    with_daemon(tmp_path, wrapped, runner=runner, commands=commands, schemas=schemas,
-                hosts=hosts)
+    with_daemon(tmp_path, wrapped, runner=runner, commands=commands, schemas=schemas, hosts=hosts)
 
 
 def call(verb: str, size: int = 0, tool: str = TOOL) -> dict[str, Any]:
@@ -135,8 +151,11 @@ def failure(response: Mapping[str, Any]) -> tuple[str, bool]:
 
 def result_record(d: Running, response: Mapping[str, Any]) -> dict[str, Any]:
     """The audit result record of the call that gave ``response``."""
-    (record,) = [r for r in d.audit_records()
-                 if r["type"] == "result" and r["request_id"] == response["request_id"]]
+    (record,) = [
+        r
+        for r in d.audit_records()
+        if r["type"] == "result" and r["request_id"] == response["request_id"]
+    ]
     assert record["outcome"] == response["outcome"]
     return record
 
@@ -144,12 +163,17 @@ def result_record(d: Running, response: Mapping[str, Any]) -> dict[str, Any]:
 async def still_serves(d: Running, tool: str = TOOL) -> None:
     """A normal call right after the fault succeeds on the same daemon."""
     response = await d.ask(call("echo", 7, tool))
-    assert response == {"tool": tool, "request_id": response["request_id"],
-                        "outcome": "success", "data": {"word": "7"}}
+    assert response == {
+        "tool": tool,
+        "request_id": response["request_id"],
+        "outcome": "success",
+        "data": {"word": "7"},
+    }
 
 
 def test_hang_is_a_retryable_timeout(tmp_path: Path, faults: FaultServer) -> None:
     """A command that never answers: UPSTREAM_UNAVAILABLE, retryable, command_timeout."""
+
     async def body(d: Running) -> None:
         started = time.monotonic()
         response = await d.ask(call("hang"))
@@ -159,22 +183,26 @@ def test_hang_is_a_retryable_timeout(tmp_path: Path, faults: FaultServer) -> Non
         assert (record["stage"], record["reason"]) == ("transport", "command_timeout")
         assert record["attempts"][-1]["transport_error"] == "command_timeout"
         await still_serves(d)
+
     serve(tmp_path, faults, body)
 
 
 def test_drop_mid_output_is_connection_lost(tmp_path: Path, faults: FaultServer) -> None:
     """The connection dropped after some stdout: UPSTREAM_UNAVAILABLE, connection_lost."""
+
     async def body(d: Running) -> None:
         response = await d.ask(call("drop", 500))
         assert failure(response) == ("UPSTREAM_UNAVAILABLE", True)
         record = result_record(d, response)
         assert (record["stage"], record["reason"]) == ("transport", "connection_lost")
         await still_serves(d)
+
     serve(tmp_path, faults, body)
 
 
 def test_stdout_flood_is_cut_and_rejected(tmp_path: Path, faults: FaultServer) -> None:
     """100 MB on stdout: INVALID_RESPONSE (parse, too_large), answered in a few seconds."""
+
     async def body(d: Running) -> None:
         started = time.monotonic()
         response = await d.ask(call("flood-stdout", FLOOD_BYTES))
@@ -185,11 +213,13 @@ def test_stdout_flood_is_cut_and_rejected(tmp_path: Path, faults: FaultServer) -
         assert record["attempts"][-1]["stdout_bytes"] == MAX_BYTES + 1
         assert faults.flood_bytes_written < FLOOD_BYTES
         await still_serves(d)
+
     serve(tmp_path, faults, body)
 
 
 def test_stderr_flood_is_cut_and_rejected(tmp_path: Path, faults: FaultServer) -> None:
     """100 MB on stderr: cut at the cap, INVALID_RESPONSE, answered in a few seconds."""
+
     async def body(d: Running) -> None:
         started = time.monotonic()
         response = await d.ask(call("flood-stderr", FLOOD_BYTES))
@@ -199,18 +229,20 @@ def test_stderr_flood_is_cut_and_rejected(tmp_path: Path, faults: FaultServer) -
         assert (attempt["stderr_bytes"], attempt["exit_status"]) == (MAX_STDERR_BYTES + 1, None)
         assert faults.flood_bytes_written < FLOOD_BYTES
         await still_serves(d)
+
     serve(tmp_path, faults, body)
 
 
-def test_stderr_flood_is_audited_as_stderr_too_large(tmp_path: Path,
-                                                     faults: FaultServer) -> None:
+def test_stderr_flood_is_audited_as_stderr_too_large(tmp_path: Path, faults: FaultServer) -> None:
     """A stderr flood is audited as stage parse, reason stderr_too_large."""
+
     async def body(d: Running) -> None:
         response = await d.ask(call("flood-stderr", FLOOD_BYTES))
         assert failure(response) == ("INVALID_RESPONSE", False)
         record = result_record(d, response)
         assert (record["stage"], record["reason"]) == ("parse", "stderr_too_large")
         await still_serves(d)
+
     serve(tmp_path, faults, body)
 
 
@@ -228,6 +260,7 @@ def test_changed_host_key_is_not_retryable(tmp_path: Path, faults: FaultServer) 
         # known_hosts is read at each connect: the operator's fix applies without a restart
         known.write_bytes(faults.known_hosts.read_bytes())
         await still_serves(d)
+
     serve(tmp_path, faults, body, faults.host_section(known_hosts=known))
 
 
@@ -243,6 +276,7 @@ def test_refused_client_key_is_not_retryable(tmp_path: Path, faults: FaultServer
         record = result_record(d, response)
         assert (record["stage"], record["reason"]) == ("transport", "auth_failed")
         await still_serves(d, HEALTHY_TOOL)
+
     serve(tmp_path, faults, body, faults.host_section(client_keys=(stranger,)))
 
 
@@ -260,11 +294,13 @@ def test_refused_connection_is_retryable(tmp_path: Path, faults: FaultServer) ->
         record = result_record(d, response)
         assert (record["stage"], record["reason"]) == ("transport", "connect_refused")
         await still_serves(d, HEALTHY_TOOL)
+
     serve(tmp_path, faults, body, faults.host_section(port=port))
 
 
 def test_declared_temporary_failure(tmp_path: Path, faults: FaultServer) -> None:
     """exit 75, declared UPSTREAM_UNAVAILABLE: retryable, stage exit."""
+
     async def body(d: Running) -> None:
         response = await d.ask(call("exit", 75))
         assert failure(response) == ("UPSTREAM_UNAVAILABLE", True)
@@ -272,36 +308,49 @@ def test_declared_temporary_failure(tmp_path: Path, faults: FaultServer) -> None
         assert (record["stage"], record["reason"]) == ("exit", "declared_exit_status")
         assert record["attempts"][-1]["exit_status"] == 75
         await still_serves(d)
+
     serve(tmp_path, faults, body)
 
 
 def test_undeclared_exit_status(tmp_path: Path, faults: FaultServer) -> None:
     """exit 3 is not in exit_codes: INVALID_RESPONSE, stage exit, undeclared_exit_status."""
+
     async def body(d: Running) -> None:
         response = await d.ask(call("exit", 3))
         assert failure(response) == ("INVALID_RESPONSE", False)
         record = result_record(d, response)
         assert (record["stage"], record["reason"]) == ("exit", "undeclared_exit_status")
         await still_serves(d)
+
     serve(tmp_path, faults, body)
 
 
 def test_stale_pooled_connection_is_replaced(tmp_path: Path, faults: FaultServer) -> None:
     """After the server drops the pooled connection, the next call still succeeds."""
+
     async def body(d: Running) -> None:
         await still_serves(d)
         faults.drop_connections()
         await asyncio.sleep(0.1)
         await still_serves(d)
+
     serve(tmp_path, faults, body)
 
 
 def test_concurrent_faults_keep_envelopes_closed(tmp_path: Path, faults: FaultServer) -> None:
     """20 concurrent hang/flood/echo calls: closed envelopes; the echo calls succeed."""
-    plan = [("hang", 0), ("flood-stdout", FLOOD_BYTES), ("flood-stderr", FLOOD_BYTES),
-            ("echo", 0), ("echo", 1)] * 4
-    expected = {"hang": "UPSTREAM_UNAVAILABLE", "flood-stdout": "INVALID_RESPONSE",
-                "flood-stderr": "INVALID_RESPONSE"}
+    plan = [
+        ("hang", 0),
+        ("flood-stdout", FLOOD_BYTES),
+        ("flood-stderr", FLOOD_BYTES),
+        ("echo", 0),
+        ("echo", 1),
+    ] * 4
+    expected = {
+        "hang": "UPSTREAM_UNAVAILABLE",
+        "flood-stdout": "INVALID_RESPONSE",
+        "flood-stderr": "INVALID_RESPONSE",
+    }
 
     async def body(d: Running) -> None:
         started = time.monotonic()
@@ -311,21 +360,35 @@ def test_concurrent_faults_keep_envelopes_closed(tmp_path: Path, faults: FaultSe
         assert len(ids) == len(plan)
         for (verb, size), response in zip(plan, responses, strict=True):
             if verb == "echo":
-                assert response == {"tool": TOOL, "request_id": response["request_id"],
-                                    "outcome": "success", "data": {"word": str(size)}}
+                assert response == {
+                    "tool": TOOL,
+                    "request_id": response["request_id"],
+                    "outcome": "success",
+                    "data": {"word": str(size)},
+                }
             else:
                 assert failure(response)[0] == expected[verb], (verb, response)
         await still_serves(d)
+
     serve(tmp_path, faults, body)
 
 
-@pytest.mark.parametrize(("verb", "size"), [
-    ("drop", 5000), ("flood-stdout", FLOOD_BYTES), ("flood-stdout", 1000),
-    ("flood-stderr", FLOOD_BYTES), ("flood-stderr", 500), ("bogus", 0),
-])
-def test_agent_never_sees_fault_text(tmp_path: Path, faults: FaultServer, verb: str,
-                                     size: int) -> None:
+@pytest.mark.parametrize(
+    ("verb", "size"),
+    [
+        ("drop", 5000),
+        ("flood-stdout", FLOOD_BYTES),
+        ("flood-stdout", 1000),
+        ("flood-stderr", FLOOD_BYTES),
+        ("flood-stderr", 500),
+        ("bogus", 0),
+    ],
+)
+def test_agent_never_sees_fault_text(
+    tmp_path: Path, faults: FaultServer, verb: str, size: int
+) -> None:
     """Whatever the fault server wrote ("yyyy", "xxxx", its error text) stays out of the reply."""
+
     async def body(d: Running) -> None:
         line = await ask_raw(d, call(verb, size))
         assert line.endswith(b"\n")
@@ -334,4 +397,5 @@ def test_agent_never_sees_fault_text(tmp_path: Path, faults: FaultServer, verb: 
         response = orjson.loads(line)
         assert failure(response)[0] in {"UPSTREAM_UNAVAILABLE", "INVALID_RESPONSE"}
         await still_serves(d)
+
     serve(tmp_path, faults, body)

@@ -15,8 +15,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_demo_shows_accepted_and_rejected_results_and_cleans_up() -> None:
     """The demo prints envelopes for real and scripted calls, the counters, and leaves nothing."""
     before = set(Path(tempfile.gettempdir()).glob("sshadapter-demo-*"))
-    done = subprocess.run([sys.executable, "-m", "sshadapter.cli", "demo"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "sshadapter.cli", "demo"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     envelopes = {}
@@ -32,6 +37,8 @@ def test_demo_shows_accepted_and_rejected_results_and_cleans_up() -> None:
     assert banner["error"] == {"code": "INVALID_RESPONSE", "retryable": False}
     assert "production" not in json.dumps(banner)  # the banner's instruction never gets out
     assert envelopes["run_shell command=id"]["tool"] == "sshadapter"
-    assert ('sshadapter_rejections_total{reason="schema_mismatch",stage="schema",'
-            'tool="deploy_status"} 1.0') in done.stdout
+    assert (
+        'sshadapter_rejections_total{reason="schema_mismatch",stage="schema",'
+        'tool="deploy_status"} 1.0'
+    ) in done.stdout
     assert set(Path(tempfile.gettempdir()).glob("sshadapter-demo-*")) == before

@@ -38,8 +38,14 @@ def reason_of(fmt: object, stdout: bytes) -> tuple[str, str, str]:
 def test_lines_one_row_is_the_result() -> None:
     """df output with its header and one row becomes the typed row object."""
     row = df().parse(DF_OUT)
-    assert row == {"filesystem": "/dev/vda", "size_kb": 264212084, "used_kb": 22831984,
-                   "available_kb": "83558928", "capacity_pct": 22, "mounted_on": "/"}
+    assert row == {
+        "filesystem": "/dev/vda",
+        "size_kb": 264212084,
+        "used_kb": 22831984,
+        "available_kb": "83558928",
+        "capacity_pct": 22,
+        "mounted_on": "/",
+    }
 
 
 def test_lines_rows_shape_wraps_rows() -> None:
@@ -51,7 +57,10 @@ def test_lines_rows_shape_wraps_rows() -> None:
 def test_lines_unmatched_line_names_its_number_for_the_audit() -> None:
     """An extra line rejects the whole output; the line number is in the detail only."""
     assert reason_of(df("rows", 5), DF_OUT + b"df: /mnt: Permission denied\n") == (
-        "extract", "unmatched_line", "line 3")
+        "extract",
+        "unmatched_line",
+        "line 3",
+    )
 
 
 def test_lines_missing_header_rejects() -> None:
@@ -101,9 +110,19 @@ def test_kv_value_keeps_later_separators() -> None:
 
 @pytest.mark.parametrize(
     ("kind", "raw"),
-    [("integer", "12a"), ("integer", "+1"), ("integer", " 1"), ("integer", "0x10"),
-     ("integer", "01"), ("integer", "99999999999999999999"), ("number", "1e999"),
-     ("number", "nan"), ("number", "1."), ("boolean", "yes"), ("boolean", "True")],
+    [
+        ("integer", "12a"),
+        ("integer", "+1"),
+        ("integer", " 1"),
+        ("integer", "0x10"),
+        ("integer", "01"),
+        ("integer", "99999999999999999999"),
+        ("number", "1e999"),
+        ("number", "nan"),
+        ("number", "1."),
+        ("boolean", "yes"),
+        ("boolean", "True"),
+    ],
 )
 def test_types_convert_strictly(kind: str, raw: str) -> None:
     """A field that is almost a number or a boolean rejects instead of being coerced."""
@@ -114,8 +133,11 @@ def test_types_convert_strictly(kind: str, raw: str) -> None:
 
 def test_types_accept_canonical_forms() -> None:
     """Canonical integers, numbers and booleans convert to Python values."""
-    got = convert({"i": "-42", "n": "1.5e3", "b": "false", "s": "x"},
-                  {"i": "integer", "n": "number", "b": "boolean"}, line=1)
+    got = convert(
+        {"i": "-42", "n": "1.5e3", "b": "false", "s": "x"},
+        {"i": "integer", "n": "number", "b": "boolean"},
+        line=1,
+    )
     assert got == {"i": -42, "n": 1500.0, "b": False, "s": "x"}
 
 

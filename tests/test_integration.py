@@ -33,12 +33,13 @@ def write_config(directory: Path, sshd: Sshd, *, metrics_port: int = 0) -> Path:
     hosts = "".join(
         f'[hosts.{alias}]\naddress = "{sshd.address}"\nport = {sshd.port}\nuser = "{sshd.user}"\n'
         f'client_keys = ["{sshd.client_key}"]\nknown_hosts = "{sshd.known_hosts}"\n\n'
-        for alias in ("ci", "local"))
+        for alias in ("ci", "local")
+    )
     metrics = f'listen = "127.0.0.1:{metrics_port}"' if metrics_port else 'listen = ""'
     config = directory / "config.toml"
     config.write_text(f"""\
 [server]
-socket_path = "{directory / 'sshadapter.sock'}"
+socket_path = "{directory / "sshadapter.sock"}"
 socket_mode = "0660"
 allow = {{ uids = [{os.getuid()}] }}
 
@@ -47,9 +48,9 @@ commands = "commands"
 schemas = "schemas"
 
 [audit]
-path = "{directory / 'audit.jsonl'}"
+path = "{directory / "audit.jsonl"}"
 fsync = "always"
-quarantine_dir = "{directory / 'quarantine'}"
+quarantine_dir = "{directory / "quarantine"}"
 
 [metrics]
 {metrics}
@@ -59,8 +60,13 @@ quarantine_dir = "{directory / 'quarantine'}"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sshadapter.cli", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "sshadapter.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def notifications(sock: socket.socket, until: str) -> list[str]:
@@ -90,8 +96,12 @@ def test_serve_and_call_round_trip_through_sshd(sshd: Sshd, tmp_path: Path) -> N
     notify.bind(str(tmp_path / "notify"))
     env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify")}
     log = (tmp_path / "daemon.log").open("wb")
-    daemon = subprocess.Popen([sys.executable, "-m", "sshadapter.cli", "serve", "--config",
-                               str(config)], cwd=ROOT, env=env, stderr=log)
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "sshadapter.cli", "serve", "--config", str(config)],
+        cwd=ROOT,
+        env=env,
+        stderr=log,
+    )
     sock = str(tmp_path / "sshadapter.sock")
     try:
         assert "READY=1" in notifications(notify, "READY=1")
@@ -108,8 +118,7 @@ def test_serve_and_call_round_trip_through_sshd(sshd: Sshd, tmp_path: Path) -> N
 
         done = cli("call", "disk_usage", "path=../etc", "--socket", sock)
         assert done.returncode == 1
-        assert json.loads(done.stdout)["error"] == {"code": "INVALID_REQUEST",
-                                                    "retryable": False}
+        assert json.loads(done.stdout)["error"] == {"code": "INVALID_REQUEST", "retryable": False}
 
         # job_run_status allows the group "agents" only, which this caller is not in.
         done = cli("call", "job_run_status", "project_id=bluebird", "--socket", sock)
@@ -126,11 +135,22 @@ def test_serve_and_call_round_trip_through_sshd(sshd: Sshd, tmp_path: Path) -> N
         assert {"load_average", "disk_usage", "mount_info"} <= names
         assert "job_run_status" not in names  # allowed for group "agents" only
 
-        scrape = subprocess.run(["python3", "-c", "import urllib.request,sys;sys.stdout.write("
-                                 f"urllib.request.urlopen('http://127.0.0.1:{metrics_port}/metrics')"
-                                 ".read().decode())"], capture_output=True, text=True, timeout=30)
-        assert 'sshadapter_calls_total{code="none",outcome="success",tool="load_average"} 1.0' \
+        scrape = subprocess.run(
+            [
+                "python3",
+                "-c",
+                "import urllib.request,sys;sys.stdout.write("
+                f"urllib.request.urlopen('http://127.0.0.1:{metrics_port}/metrics')"
+                ".read().decode())",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert (
+            'sshadapter_calls_total{code="none",outcome="success",tool="load_average"} 1.0'
             in scrape.stdout
+        )
         assert 'sshadapter_ssh_connections{host="local"}' in scrape.stdout
 
         daemon.send_signal(signal.SIGHUP)
@@ -148,8 +168,13 @@ def test_serve_and_call_round_trip_through_sshd(sshd: Sshd, tmp_path: Path) -> N
         log.close()
     records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     results = [r for r in records if r["type"] == "result"]
-    assert [r["tool"] for r in results] == ["load_average", "disk_usage", "disk_usage",
-                                            "job_run_status", "mount_info"]
+    assert [r["tool"] for r in results] == [
+        "load_average",
+        "disk_usage",
+        "disk_usage",
+        "job_run_status",
+        "mount_info",
+    ]
     assert results[0]["command"] == "cat /proc/loadavg"
     assert (results[3]["stage"], results[3]["attempts"]) == ("authorize", [])
     assert results[4]["stage"] == "exit" and results[4]["attempts"][0]["exit_status"] == 1
@@ -165,9 +190,22 @@ def test_serve_uses_a_socket_passed_by_systemd(sshd: Sshd, tmp_path: Path) -> No
     fd = listener.fileno()
     # What systemd does: the socket as fd 3, LISTEN_FDS=1, LISTEN_PID=the service's own pid.
     daemon = subprocess.Popen(
-        ["bash", "-c", f'export LISTEN_FDS=1 LISTEN_PID=$$; exec "$@" 3<&{fd} {fd}<&-', "sh",
-         sys.executable, "-m", "sshadapter.cli", "serve", "--config", str(config)],
-        cwd=ROOT, pass_fds=(fd,), stderr=subprocess.DEVNULL)
+        [
+            "bash",
+            "-c",
+            f'export LISTEN_FDS=1 LISTEN_PID=$$; exec "$@" 3<&{fd} {fd}<&-',
+            "sh",
+            sys.executable,
+            "-m",
+            "sshadapter.cli",
+            "serve",
+            "--config",
+            str(config),
+        ],
+        cwd=ROOT,
+        pass_fds=(fd,),
+        stderr=subprocess.DEVNULL,
+    )
     listener.close()
     try:
         deadline = time.monotonic() + START_TIMEOUT_SECONDS

@@ -48,38 +48,49 @@ COMMAND_TIMEOUT_SECONDS = 60
 # Every command of a guide:root block, and how it is exercised since it cannot run here.
 # "test_systemd_units" entries are run there against a temporary root (--root=).
 PINNED: dict[str, str] = {
-    "apt-get install python3-venv openssh-client":
-        "not run: package installation (scripts/install-test-deps installs OpenSSH alike)",
+    "apt-get install python3-venv openssh-client": (
+        "not run: package installation (scripts/install-test-deps installs OpenSSH alike)"
+    ),
     "python3 -m venv /opt/sshadapter": "scripts/test builds .venv the same way",
     "/opt/sshadapter/bin/pip install .": "scripts/test installs the checkout with pip",
-    "ln -s /opt/sshadapter/bin/sshadapter /usr/local/bin/sshadapter":
-        "test_systemd_units: ExecStart= must resolve through the link",
-    "install -m 0644 systemd/sshadapter.sysusers /etc/sysusers.d/sshadapter.conf":
-        "test_systemd_units: installed into a temporary root",
+    "ln -s /opt/sshadapter/bin/sshadapter /usr/local/bin/sshadapter": (
+        "test_systemd_units: ExecStart= must resolve through the link"
+    ),
+    "install -m 0644 systemd/sshadapter.sysusers /etc/sysusers.d/sshadapter.conf": (
+        "test_systemd_units: installed into a temporary root"
+    ),
     "systemd-sysusers": "test_systemd_units: systemd-sysusers --root=",
-    "install -m 0644 systemd/sshadapter.tmpfiles /etc/tmpfiles.d/sshadapter.conf":
-        "test_systemd_units: installed into a temporary root",
+    "install -m 0644 systemd/sshadapter.tmpfiles /etc/tmpfiles.d/sshadapter.conf": (
+        "test_systemd_units: installed into a temporary root"
+    ),
     "systemd-tmpfiles --create sshadapter.conf": "test_systemd_units: systemd-tmpfiles --root=",
-    "install -m 0644 systemd/sshadapter.service systemd/sshadapter.socket /etc/systemd/system/":
-        "test_systemd_units: installed into a temporary root, then verified",
+    "install -m 0644 systemd/sshadapter.service systemd/sshadapter.socket /etc/systemd/system/": (
+        "test_systemd_units: installed into a temporary root, then verified"
+    ),
     "systemctl daemon-reload": "not run: needs systemd as PID 1",
-    "usermod -a -G sshadapter-agents agent":
+    "usermod -a -G sshadapter-agents agent": (
         "here: the socket is 0660 as SocketMode= says; the opt-in boot test in "
-        "test_systemd_units connects as a member of sshadapter-agents",
+        "test_systemd_units connects as a member of sshadapter-agents"
+    ),
     "id -u agent": "here: the test's uid replaces 1001 in allow",
-    "useradd --system --create-home --shell /bin/sh sshadapter":
-        "tests/sshd.py creates its login account with these options",
+    "useradd --system --create-home --shell /bin/sh sshadapter": (
+        "tests/sshd.py creates its login account with these options"
+    ),
     "usermod -p '*' sshadapter": "tests/sshd.py unlocks its login account the same way",
-    "install -d -m 0755 ~sshadapter/.ssh":
-        "here: the test sshd reads AuthorizedKeysFile from its workdir instead",
+    "install -d -m 0755 ~sshadapter/.ssh": (
+        "here: the test sshd reads AuthorizedKeysFile from its workdir instead"
+    ),
     "echo 'restrict,from=\"192.0.2.10\" ssh-ed25519 AAAAC3Nza... sshadapter@adapter'"
-    " >> ~sshadapter/.ssh/authorized_keys":
-        "here: the line the keygen block printed is appended to the test sshd's file",
-    "systemctl enable --now sshadapter.socket sshadapter.service":
-        "test_systemd_units: systemctl --root= enable; here ExecStart= runs as activated",
+    " >> ~sshadapter/.ssh/authorized_keys": (
+        "here: the line the keygen block printed is appended to the test sshd's file"
+    ),
+    "systemctl enable --now sshadapter.socket sshadapter.service": (
+        "test_systemd_units: systemctl --root= enable; here ExecStart= runs as activated"
+    ),
     "systemctl status sshadapter.service": "not run: needs systemd as PID 1",
-    "systemctl reload sshadapter":
-        "here: the unit's ExecReload= is run and READY=1 awaited; for real in the boot test",
+    "systemctl reload sshadapter": (
+        "here: the unit's ExecReload= is run and READY=1 awaited; for real in the boot test"
+    ),
     "journalctl -u sshadapter --since today": "not run: needs systemd as PID 1",
 }
 
@@ -99,7 +110,9 @@ class Block:
 
 _MARKED = re.compile(
     r"^(?P<indent> *)<!-- guide:(?P<kind>[a-z]+)(?: (?P<arg>\S+))? -->\n"
-    r"(?P=indent)```[a-z]*\n(?P<body>.*?)^(?P=indent)```$", re.M | re.S)
+    r"(?P=indent)```[a-z]*\n(?P<body>.*?)^(?P=indent)```$",
+    re.M | re.S,
+)
 
 
 def guide_text() -> str:
@@ -169,16 +182,20 @@ class Walkthrough:
         shim = self.bin / "sshadapter"
         shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m sshadapter.cli "$@"\n')
         shim.chmod(0o755)
-        self.env = {**os.environ, "PATH": f"{self.bin}:{os.environ['PATH']}",
-                    "PYTHONPATH": str(ROOT)}
+        self.env = {
+            **os.environ,
+            "PATH": f"{self.bin}:{os.environ['PATH']}",
+            "PYTHONPATH": str(ROOT),
+        }
 
     def localize(self, text: str) -> str:
         for old, new in self.substitutions:
             if old in text:
                 self.unused.discard(old)
                 text = text.replace(old, new)
-        return re.sub(r"\bsshadapter (call|list)\b", rf"sshadapter \1 --socket {self.socket_path}",
-                      text)
+        return re.sub(
+            r"\bsshadapter (call|list)\b", rf"sshadapter \1 --socket {self.socket_path}", text
+        )
 
     def block(self, kind: str, name: str) -> Block:
         self.used.add((kind, name))
@@ -186,8 +203,14 @@ class Walkthrough:
 
     def run(self, name: str, expect_status: int = 0) -> str:
         script = self.localize(self.block("run", name).text)
-        done = subprocess.run(["sh", "-e", "-c", script], cwd=self.work, env=self.env,
-                              capture_output=True, text=True, timeout=COMMAND_TIMEOUT_SECONDS)
+        done = subprocess.run(
+            ["sh", "-e", "-c", script],
+            cwd=self.work,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_SECONDS,
+        )
         assert done.returncode == expect_status, f"{name}: {done.stdout}{done.stderr}"
         return done.stdout
 
@@ -212,8 +235,11 @@ class Walkthrough:
 
 
 def unit_values(path: Path, key: str) -> list[str]:
-    return [line.split("=", 1)[1].strip() for line in path.read_text().splitlines()
-            if line.startswith(f"{key}=")]
+    return [
+        line.split("=", 1)[1].strip()
+        for line in path.read_text().splitlines()
+        if line.startswith(f"{key}=")
+    ]
 
 
 @pytest.fixture
@@ -246,11 +272,21 @@ def test_the_guide_from_adding_a_host_to_reading_the_audit(walk: Walkthrough) ->
     # Start it, the way sshadapter.socket and sshadapter.service do.
     with started_daemon(walk, config) as (daemon, notify):
         # Write an operation, check it, reload.
-        for path in ("/etc/sshadapter/commands/file_stat.toml",
-                     "/etc/sshadapter/schemas/file_stat.v1.json",
-                     *(f"/etc/sshadapter/commands/file_stat.fixtures/{name}" for name in (
-                         "passwd.stdout", "passwd.case.json", "missing.stderr",
-                         "missing.case.json", "other_file.stdout", "other_file.case.json"))):
+        for path in (
+            "/etc/sshadapter/commands/file_stat.toml",
+            "/etc/sshadapter/schemas/file_stat.v1.json",
+            *(
+                f"/etc/sshadapter/commands/file_stat.fixtures/{name}"
+                for name in (
+                    "passwd.stdout",
+                    "passwd.case.json",
+                    "missing.stderr",
+                    "missing.case.json",
+                    "other_file.stdout",
+                    "other_file.case.json",
+                )
+            ),
+        ):
             walk.write(path)
         table = walk.run("check")
         assert _lines(table) == _lines(walk.output("check"))
@@ -264,9 +300,11 @@ def test_the_guide_from_adding_a_host_to_reading_the_audit(walk: Walkthrough) ->
         assert REQUEST_ID.match(envelope.pop("request_id"))
         assert REQUEST_ID.match(shown.pop("request_id"))
         assert envelope["outcome"] == shown["outcome"] == "success"
-        assert envelope["data"] == {"path": "/etc/passwd",
-                                    "size": os.stat("/etc/passwd").st_size,
-                                    "modified": int(os.stat("/etc/passwd").st_mtime)}
+        assert envelope["data"] == {
+            "path": "/etc/passwd",
+            "size": os.stat("/etc/passwd").st_size,
+            "modified": int(os.stat("/etc/passwd").st_mtime),
+        }
         assert envelope.keys() == shown.keys() and envelope["data"].keys() == shown["data"].keys()
         tools = json.loads(walk.run("list"))["tools"]
         assert [tool["name"] for tool in tools] == ["file_stat"]
@@ -279,7 +317,11 @@ def test_the_guide_from_adding_a_host_to_reading_the_audit(walk: Walkthrough) ->
         # Read the audit trail and the metrics.
         last = json.loads(walk.run("audit"))
         assert (last["type"], last["tool"], last["code"], last["stage"]) == (
-            "result", "file_stat", "INVALID_REQUEST", "request")
+            "result",
+            "file_stat",
+            "INVALID_REQUEST",
+            "request",
+        )
         failures = [json.loads(line) for line in walk.run("audit-failures").splitlines()]
         assert [r["code"] for r in failures] == ["NOT_FOUND", "INVALID_REQUEST"]
         assert failures[0]["attempts"][0]["exit_status"] == 1
@@ -287,15 +329,19 @@ def test_the_guide_from_adding_a_host_to_reading_the_audit(walk: Walkthrough) ->
         assert set(_lines(walk.run("metrics"))) == set(_lines(walk.output("metrics")))
 
     # Every block of the guide was used here, or in test_systemd_units (the unit drop-ins).
-    drop_ins = {(b.kind, b.arg) for b in guide_blocks()
-                if b.kind == "file" and b.arg.startswith("/etc/systemd/")}
+    drop_ins = {
+        (b.kind, b.arg)
+        for b in guide_blocks()
+        if b.kind == "file" and b.arg.startswith("/etc/systemd/")
+    }
     assert set(walk.blocks) - walk.used == drop_ins
     assert not walk.unused, f"substitutions the guide no longer needs: {walk.unused}"
 
 
 @contextlib.contextmanager
-def started_daemon(walk: Walkthrough, config: Path
-                   ) -> Iterator[tuple[subprocess.Popen[bytes], socket.socket]]:
+def started_daemon(
+    walk: Walkthrough, config: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], socket.socket]]:
     """ExecStart= with the socket passed as fd 3, credentials and notify; then systemctl stop."""
     listen = unit_values(SOCKET_UNIT, "ListenStream")[0]
     assert walk.socket_path == walk.root / listen.lstrip("/")
@@ -311,18 +357,23 @@ def started_daemon(walk: Walkthrough, config: Path
         (credentials / name).chmod(0o400)
     argv = shlex.split(walk.localize(unit_values(SERVICE, "ExecStart")[0]))
     argv[0] = str(walk.bin / "sshadapter")
-    env = {**walk.env, "NOTIFY_SOCKET": str(walk.tmp / "notify"),
-           "CREDENTIALS_DIRECTORY": str(credentials),
-           # Used only if activation failed: never the real /run.
-           "SSHADAPTER_SERVER__SOCKET_PATH": str(walk.tmp / "not-activated.sock")}
+    env = {
+        **walk.env,
+        "NOTIFY_SOCKET": str(walk.tmp / "notify"),
+        "CREDENTIALS_DIRECTORY": str(credentials),
+        # Used only if activation failed: never the real /run.
+        "SSHADAPTER_SERVER__SOCKET_PATH": str(walk.tmp / "not-activated.sock"),
+    }
     log_path = walk.tmp / "daemon.log"
-    with (socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify,
-          log_path.open("wb") as log):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify, log_path.open("wb") as log:
         notify.bind(str(walk.tmp / "notify"))
         fd = listener.fileno()
         daemon = subprocess.Popen(
-            ["bash", "-c", f'export LISTEN_FDS=1 LISTEN_PID=$$; exec "$@" 3<&{fd}', "bash",
-             *argv], env=env, pass_fds=(fd,), stderr=log)
+            ["bash", "-c", f'export LISTEN_FDS=1 LISTEN_PID=$$; exec "$@" 3<&{fd}', "bash", *argv],
+            env=env,
+            pass_fds=(fd,),
+            stderr=log,
+        )
         listener.close()
         try:
             assert "READY=1" in notifications(notify, "READY=1")

@@ -50,8 +50,13 @@ HOT_DATE_TIME = jsonschema_rs.Draft202012Validator(
 
 date_time_like = st.builds(
     "{:04d}-{:02d}-{:02d}{}{:02d}:{:02d}:{:02d}{}{}".format,
-    st.integers(0, 9999), st.integers(0, 13), st.integers(0, 32), st.sampled_from("Tt "),
-    st.integers(0, 25), st.integers(0, 61), st.integers(0, 61),
+    st.integers(0, 9999),
+    st.integers(0, 13),
+    st.integers(0, 32),
+    st.sampled_from("Tt "),
+    st.integers(0, 25),
+    st.integers(0, 61),
+    st.integers(0, 61),
     st.sampled_from(["", ".5", ".123456789012", "."]),
     st.sampled_from(["Z", "z", "", "+01:00", "-01:00", "+23:59", "+24:00", "-00:30", "+00:60"]),
 )
@@ -64,12 +69,15 @@ def test_date_time_definitions_agree(text: str) -> None:
     assert is_date_time(text) == HOT_DATE_TIME.is_valid(text)
 
 
-@pytest.mark.parametrize(("text", "valid"), [
-    ("2024-12-31T23:59:60Z", True),          # a leap second where one can be
-    ("2024-05-02T00:59:60+01:00", True),     # the same instant with an offset
-    ("2024-05-01T12:59:60Z", False),         # not at the end of a UTC day
-    ("2026-13-45T99:99:99Z", False),
-])
+@pytest.mark.parametrize(
+    ("text", "valid"),
+    [
+        ("2024-12-31T23:59:60Z", True),  # a leap second where one can be
+        ("2024-05-02T00:59:60+01:00", True),  # the same instant with an offset
+        ("2024-05-01T12:59:60Z", False),  # not at the end of a UTC day
+        ("2026-13-45T99:99:99Z", False),
+    ],
+)
 def test_known_edge_cases(text: str, valid: bool) -> None:
     """Leap seconds: the case where jsonschema's default checker and jsonschema-rs disagreed."""
     assert is_date_time(text) is valid

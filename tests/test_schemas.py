@@ -165,62 +165,96 @@ def test_missing_directory_is_refused(tmp_path: Path) -> None:
     [
         pytest.param(
             {k: v for k, v in closed({"name": NAME}).items() if k != "additionalProperties"},
-            "/", "object is not closed", id="open-object",
+            "/",
+            "object is not closed",
+            id="open-object",
         ),
         pytest.param(
             closed({"name": NAME, "meta": {"type": "object", "properties": {"a": NAME}}}),
-            "/properties/meta", "object is not closed", id="open-nested-object",
+            "/properties/meta",
+            "object is not closed",
+            id="open-nested-object",
         ),
         pytest.param(
             {k: v for k, v in ARTICLE.items() if k != "unevaluatedProperties"},
-            "/allOf/0", "object is not closed", id="allOf-without-unevaluatedProperties",
+            "/allOf/0",
+            "object is not closed",
+            id="allOf-without-unevaluatedProperties",
         ),
         pytest.param(
-            {**{k: v for k, v in ARTICLE.items() if k != "unevaluatedProperties"},
-             "type": "object"},
-            "/", "object is not closed", id="allOf-typed-root-without-unevaluatedProperties",
+            {
+                **{k: v for k, v in ARTICLE.items() if k != "unevaluatedProperties"},
+                "type": "object",
+            },
+            "/",
+            "object is not closed",
+            id="allOf-typed-root-without-unevaluatedProperties",
         ),
         pytest.param(
             {**ARTICLE, "unevaluatedProperties": True},
-            "/unevaluatedProperties", "`true` accepts any value", id="unevaluatedProperties-true",
+            "/unevaluatedProperties",
+            "`true` accepts any value",
+            id="unevaluatedProperties-true",
         ),
         pytest.param(
             closed({"name": {"type": "string", "minLength": 1}}),
-            "/properties/name", "string has no bound", id="unbounded-string",
+            "/properties/name",
+            "string has no bound",
+            id="unbounded-string",
         ),
         pytest.param(
             closed({"names": {"type": "array", "items": NAME}}),
-            "/properties/names", "array has no `maxItems`", id="array-without-maxItems",
+            "/properties/names",
+            "array has no `maxItems`",
+            id="array-without-maxItems",
         ),
         pytest.param(
             closed({"names": {"type": "array", "maxItems": 4}}),
-            "/properties/names", "array items accept any value", id="array-without-items",
+            "/properties/names",
+            "array items accept any value",
+            id="array-without-items",
         ),
         pytest.param(
-            closed({"name": {}}), "/properties/name", "accepts any value", id="empty-schema",
+            closed({"name": {}}),
+            "/properties/name",
+            "accepts any value",
+            id="empty-schema",
         ),
         pytest.param(
-            closed({"name": True}), "/properties/name", "`true` accepts any value", id="true",
+            closed({"name": True}),
+            "/properties/name",
+            "`true` accepts any value",
+            id="true",
         ),
         pytest.param(
             closed({"name": NAME}, additionalProperties=True),
-            "/", "object is not closed", id="additionalProperties-true",
+            "/",
+            "object is not closed",
+            id="additionalProperties-true",
         ),
         pytest.param(
             closed({"names": {"type": "array", "maxItems": 4, "items": True}}),
-            "/properties/names/items", "`true` accepts any value", id="items-true",
+            "/properties/names/items",
+            "`true` accepts any value",
+            id="items-true",
         ),
         pytest.param(
             closed({"name": {"not": {"type": "null"}}}),
-            "/properties/name", "accepts any value", id="not-alone",
+            "/properties/name",
+            "accepts any value",
+            id="not-alone",
         ),
         pytest.param(
             closed({"name": {"anyOf": [NAME, {"type": "string"}]}}),
-            "/properties/name/anyOf/1", "string has no bound", id="anyOf-branch",
+            "/properties/name/anyOf/1",
+            "string has no bound",
+            id="anyOf-branch",
         ),
         pytest.param(
             closed({"id": {"$ref": "#/$defs/id"}}, **{"$defs": {"id": {"type": "string"}}}),
-            "/$defs/id", "string has no bound", id="defs",
+            "/$defs/id",
+            "string has no bound",
+            id="defs",
         ),
     ],
 )
@@ -256,8 +290,17 @@ def test_article_composition_is_accepted_and_closed(tmp_path: Path) -> None:
         {"type": "array", "maxItems": 2, "items": NAME},
         {"type": "array", "maxItems": 2, "prefixItems": [NAME], "items": False},
     ],
-    ids=["enum", "const", "format", "pattern", "maxLength", "untyped-enum", "nullable",
-         "array", "tuple"],
+    ids=[
+        "enum",
+        "const",
+        "format",
+        "pattern",
+        "maxLength",
+        "untyped-enum",
+        "nullable",
+        "array",
+        "tuple",
+    ],
 )
 def test_bounded_values_are_accepted(tmp_path: Path, bounded: dict[str, Any]) -> None:
     """Each of the bounds the contract names is enough on its own."""
@@ -291,10 +334,15 @@ def test_conditions_are_not_linted_as_values(tmp_path: Path) -> None:
 
 def test_ref_by_relative_name_between_files_without_id(tmp_path: Path) -> None:
     """`$ref: "b.json"` in an $id-less file resolves to b.json of the same directory."""
-    schemas = SchemaSet(write(tmp_path, {
-        "a.json": closed({"name": {"$ref": "b.json"}}),
-        "b.json": {"$schema": DRAFT_2020_12, "type": "string", "maxLength": 3},
-    }))
+    schemas = SchemaSet(
+        write(
+            tmp_path,
+            {
+                "a.json": closed({"name": {"$ref": "b.json"}}),
+                "b.json": {"$schema": DRAFT_2020_12, "type": "string", "maxLength": 3},
+            },
+        )
+    )
     check = validator(schemas, "a.json")
     assert check.is_valid({"name": "abc"})
     assert not check.is_valid({"name": "abcd"})
@@ -302,11 +350,20 @@ def test_ref_by_relative_name_between_files_without_id(tmp_path: Path) -> None:
 
 def test_ref_by_id(tmp_path: Path) -> None:
     """`$ref` to another file's `$id` resolves to that file."""
-    schemas = SchemaSet(write(tmp_path, {
-        "a.json": closed({"name": {"$ref": "https://example.invalid/short"}}),
-        "b.json": {"$schema": DRAFT_2020_12, "$id": "https://example.invalid/short",
-                   "type": "string", "maxLength": 3},
-    }))
+    schemas = SchemaSet(
+        write(
+            tmp_path,
+            {
+                "a.json": closed({"name": {"$ref": "https://example.invalid/short"}}),
+                "b.json": {
+                    "$schema": DRAFT_2020_12,
+                    "$id": "https://example.invalid/short",
+                    "type": "string",
+                    "maxLength": 3,
+                },
+            },
+        )
+    )
     check = validator(schemas, "a.json")
     assert check.is_valid({"name": "abc"})
     assert not check.is_valid({"name": "abcd"})
@@ -343,9 +400,12 @@ except ConfigError as exc:
 
 def test_remote_ref_is_refused_without_any_network_attempt(tmp_path: Path) -> None:
     """A remote `$ref` fails at once: every proxy points at a socket that must see nothing."""
-    directory = write(tmp_path, {
-        "a.json": closed({"name": {"$ref": "https://example.com/x.json"}}),
-    })
+    directory = write(
+        tmp_path,
+        {
+            "a.json": closed({"name": {"$ref": "https://example.com/x.json"}}),
+        },
+    )
     # jsonschema-rs's default retriever honours these; a fetch would reach this listener
     # and then wait for an answer that never comes.
     with socket.create_server(("127.0.0.1", 0)) as listener:
@@ -355,8 +415,14 @@ def test_remote_ref_is_refused_without_any_network_attempt(tmp_path: Path) -> No
             env[name] = env[name.upper()] = proxy
         env["PYTHONPATH"] = str(REPO)
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-c", _LOAD_ONE, str(directory)], env=env,
-                              capture_output=True, text=True, timeout=20, check=False)
+        done = subprocess.run(
+            [sys.executable, "-c", _LOAD_ONE, str(directory)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
         elapsed = time.monotonic() - started
         listener.setblocking(False)
         with pytest.raises(BlockingIOError):
@@ -372,9 +438,18 @@ def test_remote_ref_is_refused_without_any_network_attempt(tmp_path: Path) -> No
 
 def test_format_is_asserted(tmp_path: Path) -> None:
     """`format: date-time` rejects an impossible timestamp and accepts a real one."""
-    schemas = SchemaSet(write(tmp_path, {"a.json": closed({
-        "observed_at": {"type": "string", "format": "date-time", "maxLength": 35},
-    })}))
+    schemas = SchemaSet(
+        write(
+            tmp_path,
+            {
+                "a.json": closed(
+                    {
+                        "observed_at": {"type": "string", "format": "date-time", "maxLength": 35},
+                    }
+                )
+            },
+        )
+    )
     check = validator(schemas, "a.json")
     check.validate({"observed_at": "2026-11-30T04:10:00Z"})
     with pytest.raises(EvidenceError) as info:

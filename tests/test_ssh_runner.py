@@ -148,7 +148,8 @@ def test_concurrent_calls_stay_within_pool_bounds(sshd: Sshd) -> None:
     async def body(runner: SshRunner) -> list[RunResult]:
         nonlocal peak
         calls = asyncio.gather(
-            *(runner.run("h", f"sleep 0.2; echo {i}", **CAPS) for i in range(40)))
+            *(runner.run("h", f"sleep 0.2; echo {i}", **CAPS) for i in range(40))
+        )
         while not calls.done():
             peak = max(peak, runner.connections()["h"])
             await asyncio.sleep(0.002)
@@ -280,14 +281,18 @@ def test_unusable_client_key_is_no_credentials(
     assert error.__cause__ is None or error.__cause__.__cause__ is None
 
 
-GARBLED_KEY = ("-----BEGIN OPENSSH PRIVATE KEY-----\nc2VjcmV0c2VjcmV0\n"
-               "-----END OPENSSH PRIVATE KEY-----")
+GARBLED_KEY = (
+    "-----BEGIN OPENSSH PRIVATE KEY-----\nc2VjcmV0c2VjcmV0\n-----END OPENSSH PRIVATE KEY-----"
+)
 
 
 def _encrypted_key(tmp_path: Path) -> Path:
     path = tmp_path / "encrypted"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "secret", "-f", str(path)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "secret", "-f", str(path)],
+        check=True,
+        capture_output=True,
+    )
     return path
 
 
@@ -296,14 +301,16 @@ def test_refused_channel_is_retried_elsewhere(max_connections: int) -> None:
     """A channel refused (MaxSessions 1) is retried on a new connection, else fails unrun."""
     require_sshd()
     with running_sshd(max_sessions=1) as narrow:
-        section = narrow.host_section(max_connections=max_connections,
-                                      max_channels_per_connection=2)
+        section = narrow.host_section(
+            max_connections=max_connections, max_channels_per_connection=2
+        )
 
         async def body(runner: SshRunner) -> tuple[RunResult, RunResult | BaseException, int]:
             slow = asyncio.create_task(runner.run("h", "sleep 1.5; echo slow", **CAPS))
             await asyncio.sleep(0.3)  # the slow call holds the connection's only session
-            quick = await asyncio.gather(runner.run("h", "echo quick", **CAPS),
-                                         return_exceptions=True)
+            quick = await asyncio.gather(
+                runner.run("h", "echo quick", **CAPS), return_exceptions=True
+            )
             return await slow, quick[0], runner.connections()["h"]
 
         slow, quick, connections = with_runner({"h": section}, body)
@@ -353,8 +360,11 @@ def test_quoted_text_round_trips(sshd: Sshd) -> None:
         runner = SshRunner({"h": sshd.host_section()})
 
         @settings(max_examples=100, deadline=None)
-        @given(st.text(st.characters(exclude_characters="\x00", exclude_categories=["Cs"]),
-                       max_size=200))
+        @given(
+            st.text(
+                st.characters(exclude_characters="\x00", exclude_categories=["Cs"]), max_size=200
+            )
+        )
         def round_trip(text: str) -> None:
             result = loop.run(runner.run("h", "printf '%s' " + shlex.quote(text), **CAPS))
             assert (result.stdout, result.exit_status) == (text.encode(), 0)

@@ -319,8 +319,15 @@ def test_colons_brackets_newlines_in_strings(no_reference: None) -> None:
 def test_typical_document_stays_on_fast_path(no_reference: None) -> None:
     """A realistic document (ns timestamps included) never reaches the reference parser."""
     rows = [
-        {"id": i, "ts_ns": 1715240125123456789 + i, "host": f"h{i}", "ok": True,
-         "load": [0.5, 1.25], "at": "2026-05-09T07:35:25Z", "note": None}
+        {
+            "id": i,
+            "ts_ns": 1715240125123456789 + i,
+            "host": f"h{i}",
+            "ok": True,
+            "load": [0.5, 1.25],
+            "at": "2026-05-09T07:35:25Z",
+            "note": None,
+        }
         for i in range(50)
     ]
     data = orjson.dumps({"rows": rows})
@@ -399,8 +406,10 @@ def test_no_utf16_guessing(text: str, codec: str, expected: Outcome) -> None:
 
 def _nest(depth: int, inner: str, kinds: str) -> bytes:
     """`depth` containers; `inner` ("empty" or "full") decides the innermost content."""
-    text = ("[]" if kinds[(depth - 1) % len(kinds)] == "a" else "{}") if inner == "empty" else (
-        "[1]" if kinds[(depth - 1) % len(kinds)] == "a" else '{"k": 1}'
+    text = (
+        ("[]" if kinds[(depth - 1) % len(kinds)] == "a" else "{}")
+        if inner == "empty"
+        else ("[1]" if kinds[(depth - 1) % len(kinds)] == "a" else '{"k": 1}')
     )
     for level in reversed(range(depth - 1)):
         text = f"[{text}]" if kinds[level % len(kinds)] == "a" else f'{{"k": {text}}}'
@@ -420,9 +429,7 @@ def test_depth_boundary(max_depth: int, inner: str, kinds: str) -> None:
 
 @pytest.mark.parametrize("max_depth", [1, 2, 32])
 @pytest.mark.parametrize("kinds", ["a", "o", "ao"])
-def test_depth_guard_alone_is_enough(
-    max_depth: int, kinds: str, no_reference: None
-) -> None:
+def test_depth_guard_alone_is_enough(max_depth: int, kinds: str, no_reference: None) -> None:
     """At depth max_depth with empty innermost containers, the indent guard decides alone."""
     data = _nest(max_depth, "empty", kinds)
     assert loads(data, max_depth) == orjson.loads(data)
@@ -448,8 +455,11 @@ def test_no_recursion_error() -> None:
 _chars = st.characters(codec="utf-8") | st.sampled_from(list(':[]{}",\\\n 0123456789'))
 _text = st.text(_chars, max_size=8)
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False) | _text,
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _text,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(_text, children, max_size=4),
     max_leaves=25,
 )

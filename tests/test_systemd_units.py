@@ -121,15 +121,20 @@ def run_offline(command: str, root: Path) -> bool:
             (root / link.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
             (root / link.lstrip("/")).symlink_to(target)
         case ["systemd-sysusers", *rest]:
-            subprocess.run(["systemd-sysusers", f"--root={root}", *rest], check=True,
-                           capture_output=True)
+            subprocess.run(
+                ["systemd-sysusers", f"--root={root}", *rest], check=True, capture_output=True
+            )
         case ["systemd-tmpfiles", *rest]:
             # Only root may chown to root:sshadapter; others still get the modes.
-            subprocess.run(["systemd-tmpfiles", f"--root={root}", *rest],
-                           check=os.geteuid() == 0, capture_output=True)
+            subprocess.run(
+                ["systemd-tmpfiles", f"--root={root}", *rest],
+                check=os.geteuid() == 0,
+                capture_output=True,
+            )
         case ["systemctl", "enable", "--now", *units]:
-            subprocess.run(["systemctl", f"--root={root}", "enable", *units], check=True,
-                           capture_output=True)
+            subprocess.run(
+                ["systemctl", f"--root={root}", "enable", *units], check=True, capture_output=True
+            )
         case _:
             return False
     return True
@@ -158,15 +163,21 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def verify(root: Path, *units: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["systemd-analyze", "verify", "--recursive-errors=no", f"--root={root}", *units],
-        capture_output=True, text=True, cwd=root, timeout=60)
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=60,
+    )
 
 
 def exposure(root: Path) -> float:
     done = subprocess.run(
         ["systemd-analyze", "security", "--offline=true", f"--root={root}", SERVICE],
-        capture_output=True, text=True, timeout=60)
-    match = re.search(rf"Overall exposure level for {re.escape(SERVICE)}: ([0-9.]+) ",
-                      done.stdout)
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    match = re.search(rf"Overall exposure level for {re.escape(SERVICE)}: ([0-9.]+) ", done.stdout)
     assert match, done.stdout + done.stderr
     return float(match.group(1))
 
@@ -214,16 +225,22 @@ def test_the_guides_drop_ins_verify_and_keep_the_rating(installed: Path, tmp_pat
 
 
 def test_sysusers_and_tmpfiles_make_what_the_guide_lists(installed: Path) -> None:
-    passwd = {line.split(":")[0]: line.split(":") for line in
-              (installed / "etc/passwd").read_text().splitlines()}
-    groups = {line.split(":")[0]: int(line.split(":")[2]) for line in
-              (installed / "etc/group").read_text().splitlines()}
+    passwd = {
+        line.split(":")[0]: line.split(":")
+        for line in (installed / "etc/passwd").read_text().splitlines()
+    }
+    groups = {
+        line.split(":")[0]: int(line.split(":")[2])
+        for line in (installed / "etc/group").read_text().splitlines()
+    }
     assert passwd["sshadapter"][6] == "/usr/sbin/nologin"
     assert {"sshadapter", "sshadapter-agents"} <= groups.keys()
-    expected = {"etc/sshadapter": (0o750, groups["sshadapter"]),
-                "etc/sshadapter/commands": (0o750, groups["sshadapter"]),
-                "etc/sshadapter/schemas": (0o750, groups["sshadapter"]),
-                "etc/sshadapter/keys": (0o700, 0)}
+    expected = {
+        "etc/sshadapter": (0o750, groups["sshadapter"]),
+        "etc/sshadapter/commands": (0o750, groups["sshadapter"]),
+        "etc/sshadapter/schemas": (0o750, groups["sshadapter"]),
+        "etc/sshadapter/keys": (0o700, 0),
+    }
     for path, (mode, gid) in expected.items():
         info = (installed / path).stat()
         assert stat.S_IMODE(info.st_mode) == mode, path
@@ -252,8 +269,12 @@ def test_socket_service_and_daemon_defaults_agree() -> None:
     assert one(service, "Unit", "Requires") == SOCKET
     assert one(service, s, "Type") == "notify"
     exec_start = shlex.split(one(service, s, "ExecStart"))
-    assert exec_start == ["/usr/local/bin/sshadapter", "serve", "--config",
-                          str(DEFAULT_CONFIG_PATH)]
+    assert exec_start == [
+        "/usr/local/bin/sshadapter",
+        "serve",
+        "--config",
+        str(DEFAULT_CONFIG_PATH),
+    ]
     assert one(service, s, "ExecReload") == "/bin/kill -HUP $MAINPID"
     stop = float(one(service, s, "TimeoutStopSec").removesuffix("s"))
     assert stop > DEFAULT_DRAIN_TIMEOUT_SECONDS + CLOSE_TIMEOUT_SECONDS
@@ -275,8 +296,9 @@ def test_socket_service_and_daemon_defaults_agree() -> None:
 @cache
 def syscall_group(name: str) -> frozenset[str]:
     """A systemd syscall group (``@system-service``), nested groups expanded."""
-    listing = subprocess.run(["systemd-analyze", "syscall-filter", name], check=True,
-                             capture_output=True, text=True).stdout
+    listing = subprocess.run(
+        ["systemd-analyze", "syscall-filter", name], check=True, capture_output=True, text=True
+    ).stdout
     names: set[str] = set()
     for line in listing.splitlines()[1:]:
         entry = line.strip()
@@ -298,8 +320,10 @@ def allowed_syscalls(unit: dict[tuple[str, str], list[str]]) -> set[str]:
 
 def mdwe_supported() -> bool:
     """PR_SET_MDWE exists (Linux 6.3+); probed in a child, since it cannot be undone."""
-    probe = ("import ctypes,sys;"
-             f"sys.exit(ctypes.CDLL(None).prctl({PR_SET_MDWE},{PR_MDWE_REFUSE_EXEC_GAIN},0,0,0))")
+    probe = (
+        "import ctypes,sys;"
+        f"sys.exit(ctypes.CDLL(None).prctl({PR_SET_MDWE},{PR_MDWE_REFUSE_EXEC_GAIN},0,0,0))"
+    )
     return subprocess.run([sys.executable, "-c", probe]).returncode == 0
 
 
@@ -348,20 +372,45 @@ def test_daemon_stays_inside_the_sandbox(sandbox_tools: None, tmp_path: Path) ->
         listener.listen()
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         notify.bind(str(tmp_path / "notify"))
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "NOTIFY_SOCKET": str(tmp_path / "notify"),
-               "SSHADAPTER_AUDIT__QUARANTINE_DIR": str(tmp_path / "quarantine")}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "NOTIFY_SOCKET": str(tmp_path / "notify"),
+            "SSHADAPTER_AUDIT__QUARANTINE_DIR": str(tmp_path / "quarantine"),
+        }
         argv = [
-            "unshare", "--mount", "--propagation", "private", "sh", "-c",
-            'mount -t proc -o subset=pid,hidepid=invisible proc /proc && exec "$@"', "sh",
-            "setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all",
-            "strace", "-f", "-qq", "-o", str(trace),
-            sys.executable, str(wrapper), "serve", "--config", str(config),
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            'mount -t proc -o subset=pid,hidepid=invisible proc /proc && exec "$@"',
+            "sh",
+            "setpriv",
+            "--no-new-privs",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "strace",
+            "-f",
+            "-qq",
+            "-o",
+            str(trace),
+            sys.executable,
+            str(wrapper),
+            "serve",
+            "--config",
+            str(config),
         ]
         with (tmp_path / "daemon.log").open("wb") as log:
             daemon = subprocess.Popen(
                 ["bash", "-c", f'exec "$@" 3<&{listener.fileno()}', "bash", *argv],
-                cwd=ROOT, env=env, pass_fds=(listener.fileno(),),
-                stdout=subprocess.DEVNULL, stderr=log)
+                cwd=ROOT,
+                env=env,
+                pass_fds=(listener.fileno(),),
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
         listener.close()
         try:
             notify.settimeout(START_TIMEOUT_SECONDS)
@@ -374,8 +423,14 @@ def test_daemon_stays_inside_the_sandbox(sandbox_tools: None, tmp_path: Path) ->
             assert '"INVALID_RESPONSE"' in rejected.stdout
             assert cli("list", "--socket", sock).returncode == 0
             scrape = subprocess.run(
-                [sys.executable, "-c", "import urllib.request;urllib.request.urlopen("
-                 f"'http://127.0.0.1:{metrics_port}/metrics').read()"], timeout=30)
+                [
+                    sys.executable,
+                    "-c",
+                    "import urllib.request;urllib.request.urlopen("
+                    f"'http://127.0.0.1:{metrics_port}/metrics').read()",
+                ],
+                timeout=30,
+            )
             assert scrape.returncode == 0
             pid = _daemon_pid(trace)
             os.kill(pid, signal.SIGHUP)
@@ -400,8 +455,9 @@ def _daemon_pid(trace: Path) -> int:
     """The traced process that exec'd `sshadapter.cli serve` (the wrapper, same pid)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        match = re.search(r'^(\d+) +execve\("[^"]+", \[[^]]*"sshadapter\.cli", "serve"',
-                          trace.read_text(), re.M)
+        match = re.search(
+            r'^(\d+) +execve\("[^"]+", \[[^]]*"sshadapter\.cli", "serve"', trace.read_text(), re.M
+        )
         if match:
             return int(match.group(1))
         time.sleep(0.1)
@@ -478,8 +534,9 @@ def _interpreter_outside_home() -> str | None:
         real = os.path.realpath(candidate)
         if real.startswith(hidden):
             continue
-        version = subprocess.run([real, "-c", "import sys;print(sys.version_info[:2])"],
-                                 capture_output=True, text=True).stdout.strip()
+        version = subprocess.run(
+            [real, "-c", "import sys;print(sys.version_info[:2])"], capture_output=True, text=True
+        ).stdout.strip()
         if version == str(tuple(sys.version_info[:2])):
             return real
     return None
@@ -512,7 +569,8 @@ def booted(tmp_path: Path) -> Iterator[tuple[Path, int]]:
         (etc / "systemd/system/boot-test.target").write_text(_BOOT_TARGET)
         # An agent whose primary group is its own; sshadapter-agents only as a member.
         (etc / "sysusers.d/agent.conf").write_text(
-            'u agent - "agent" / /bin/sh\nm agent sshadapter-agents\n')
+            'u agent - "agent" / /bin/sh\nm agent sshadapter-agents\n'
+        )
         shutil.copytree(ROOT / "commands", etc / "sshadapter/commands")
         shutil.copytree(ROOT / "schemas", etc / "sshadapter/schemas")
         shutil.copy(sshd.client_key, etc / "sshadapter/keys/ci.key")
@@ -520,22 +578,32 @@ def booted(tmp_path: Path) -> Iterator[tuple[Path, int]]:
         hosts = "".join(
             f'[hosts.{alias}]\naddress = "{sshd.address}"\nport = {sshd.port}\n'
             f'user = "{sshd.user}"\ncredential = "ci.key"\n'
-            'known_hosts = "/etc/sshadapter/known_hosts"\n' for alias in ("ci", "local"))
+            'known_hosts = "/etc/sshadapter/known_hosts"\n'
+            for alias in ("ci", "local")
+        )
         (etc / "sshadapter/config.toml").write_text(
-            '[server]\nallow = { uids = [0], groups = ["sshadapter-agents"] }\n' + hosts)
+            '[server]\nallow = { uids = [0], groups = ["sshadapter-agents"] }\n' + hosts
+        )
         binary = stage / "usr/local/bin/sshadapter"
         binary.parent.mkdir(parents=True)
-        binary.write_text(f"#!{python}\nimport sys\nsys.path[:0] = [{str(ROOT)!r}, {packages!r}]\n"
-                          "from sshadapter.cli import main\nsys.exit(main())\n")
+        binary.write_text(
+            f"#!{python}\nimport sys\nsys.path[:0] = [{str(ROOT)!r}, {packages!r}]\n"
+            "from sshadapter.cli import main\nsys.exit(main())\n"
+        )
         binary.chmod(0o755)
         (tmp_path / "ov").mkdir()
         (tmp_path / "boot.sh").write_text(_BOOT)
         group = cgroup2 / f"sshadapter-boot-test-{os.getpid()}"
         group.mkdir()
-        starter = ("echo $$ > \"$1/cgroup.procs\" && exec unshare --cgroup --pid --fork --mount "
-                   '--propagation private sh "$2/boot.sh" "$2"')
-        boot = subprocess.Popen(["sh", "-c", starter, "sh", str(group), str(tmp_path)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        starter = (
+            'echo $$ > "$1/cgroup.procs" && exec unshare --cgroup --pid --fork --mount '
+            '--propagation private sh "$2/boot.sh" "$2"'
+        )
+        boot = subprocess.Popen(
+            ["sh", "-c", starter, "sh", str(group), str(tmp_path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             yield tmp_path, _await_pid1(boot.pid)
         finally:
@@ -573,14 +641,13 @@ def _rmdir_when_empty(path: Path) -> None:
             time.sleep(0.1)
 
 
-def _inside(pid1: int, *argv: str, check: bool = True, as_user: str = "",
-            group: str = "") -> subprocess.CompletedProcess[str]:
+def _inside(
+    pid1: int, *argv: str, check: bool = True, as_user: str = "", group: str = ""
+) -> subprocess.CompletedProcess[str]:
     prefix = ["nsenter", "-t", str(pid1), "-m", "-p", "-C", "--wd=/"]
     if as_user:
-        prefix += ["setpriv", f"--reuid={as_user}", f"--regid={group or as_user}",
-                   "--init-groups"]
-    return subprocess.run([*prefix, *argv], capture_output=True, text=True, check=check,
-                          timeout=60)
+        prefix += ["setpriv", f"--reuid={as_user}", f"--regid={group or as_user}", "--init-groups"]
+    return subprocess.run([*prefix, *argv], capture_output=True, text=True, check=check, timeout=60)
 
 
 def test_the_units_run_the_daemon_under_real_systemd(booted: tuple[Path, int]) -> None:
@@ -588,8 +655,9 @@ def test_the_units_run_the_daemon_under_real_systemd(booted: tuple[Path, int]) -
     _, pid1 = booted
 
     def call(*args: str, user: str = "", group: str = "") -> dict[str, object]:
-        done = _inside(pid1, "/usr/local/bin/sshadapter", "call", *args, check=False,
-                       as_user=user, group=group)
+        done = _inside(
+            pid1, "/usr/local/bin/sshadapter", "call", *args, check=False, as_user=user, group=group
+        )
         assert done.stdout, done.stderr
         response: dict[str, object] = json.loads(done.stdout)
         return response

@@ -26,5 +26,9 @@ class ScriptedRunner:
         answer = self.table.get(command, NO_SUCH_COMMAND)
         if callable(answer):
             answer = await answer()
-        return RunResult(answer.stdout[: max_stdout + 1], answer.stderr[: max_stderr + 1],
-                         answer.exit_status, answer.duration_seconds)
+        return RunResult(
+            answer.stdout[: max_stdout + 1],
+            answer.stderr[: max_stderr + 1],
+            answer.exit_status,
+            answer.duration_seconds,
+        )

@@ -293,8 +293,9 @@ class _Pool:
             self._failed_at = time.monotonic()
             outcome = _translate(exc, ran=False, connecting=True, host_listed=host_listed)
             outcome.__cause__ = exc
-            log.warning("ssh connect to host %s failed: %s (%s)",
-                        self.alias, outcome.reason, outcome.detail)
+            log.warning(
+                "ssh connect to host %s failed: %s (%s)", self.alias, outcome.reason, outcome.detail
+            )
             if self._on_connect_failure is not None:
                 try:
                     self._on_connect_failure(self.alias, outcome.reason)
@@ -366,9 +367,7 @@ class _Session(asyncssh.SSHClientSession[bytes]):
     def exit_status_received(self, status: int) -> None:
         self.exit_status = status
 
-    def exit_signal_received(
-        self, signal: str, core_dumped: bool, msg: str, lang: str
-    ) -> None:
+    def exit_signal_received(self, signal: str, core_dumped: bool, msg: str, lang: str) -> None:
         self.signalled = True
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -402,20 +401,26 @@ class _Session(asyncssh.SSHClientSession[bytes]):
             self.finished.set_result(None)
 
 
-async def _open_channel(
-    ssh: asyncssh.SSHClientConnection, session: _Session, command: str
-) -> None:
+async def _open_channel(ssh: asyncssh.SSHClientConnection, session: _Session, command: str) -> None:
     """Open a session channel for ``command`` and close its stdin.
 
     The open runs in its own task: if our caller is cancelled (its timeout)
     halfway, asyncssh would otherwise leave a channel open on the server with
     nobody reading it. The task finishes and then stops or releases the session.
     """
-    opening = asyncio.ensure_future(ssh.create_session(
-        lambda: session, command,
-        term_type=None, request_pty=False, env=None, send_env=None,
-        x11_forwarding=False, encoding=None, max_pktsize=MAX_PACKET_BYTES,
-    ))
+    opening = asyncio.ensure_future(
+        ssh.create_session(
+            lambda: session,
+            command,
+            term_type=None,
+            request_pty=False,
+            env=None,
+            send_env=None,
+            x11_forwarding=False,
+            encoding=None,
+            max_pktsize=MAX_PACKET_BYTES,
+        )
+    )
     try:
         await asyncio.shield(opening)
     except asyncio.CancelledError:
@@ -440,7 +445,8 @@ async def _dial(
 ) -> asyncssh.SSHClientConnection:
     """One authenticated connection, with every client-side default that matters pinned."""
     return await asyncssh.connect(
-        section.address, section.port,
+        section.address,
+        section.port,
         config=None,  # never read ~/.ssh/config
         client_factory=functools.partial(_Client, on_lost),
         username=section.user,
@@ -476,8 +482,9 @@ def _load_keys(section: HostSection, credentials_dir: Path | None) -> list[async
         for path in section.client_keys:
             keys.append(asyncssh.read_private_key(path))
         if section.credential:
-            keys.append(asyncssh.import_private_key(
-                _read_credential(section.credential, credentials_dir)))
+            keys.append(
+                asyncssh.import_private_key(_read_credential(section.credential, credentials_dir))
+            )
     except (OSError, ValueError) as exc:  # asyncssh.KeyImportError is a ValueError
         # from None: a parser's context could quote the bytes it choked on.
         # No file name either: where the keys live is nobody's business but the operator's.
@@ -557,8 +564,9 @@ def _translate(
 
 def _again(error: UpstreamError) -> UpstreamError:
     """A fresh copy of a shared connect failure, so each waiter raises its own exception."""
-    return UpstreamError(error.reason, retryable=error.retryable, ran=error.ran,
-                         detail=error.detail)
+    return UpstreamError(
+        error.reason, retryable=error.retryable, ran=error.ran, detail=error.detail
+    )
 
 
 def _describe(exc: BaseException, *, with_path: bool = True) -> str:

@@ -81,8 +81,19 @@ def _str(pattern: str, max_length: int) -> dict[str, Any]:
 DATE_TIME: dict[str, Any] = {"type": "string", "format": "date-time", "maxLength": 35}
 ROW: dict[str, Any] = {
     "type": "object",
-    "required": ["row_id", "host", "job_id", "state", "severity", "attempts", "bytes_out",
-                 "cpu_ratio", "started_at", "finished_at", "tags"],
+    "required": [
+        "row_id",
+        "host",
+        "job_id",
+        "state",
+        "severity",
+        "attempts",
+        "bytes_out",
+        "cpu_ratio",
+        "started_at",
+        "finished_at",
+        "tags",
+    ],
     "properties": {
         "row_id": _str("^row_[A-Za-z0-9]{16}$", 20),
         "host": _str("^[a-z][a-z0-9-]{1,62}$", 63),
@@ -120,19 +131,21 @@ def make_rows(count: int) -> list[dict[str, Any]]:
     rows = []
     for i in range(count):
         start = NOW - timedelta(seconds=rng.randint(60, 86_400), microseconds=rng.randint(0, 999))
-        rows.append({
-            "row_id": "row_" + "".join(rng.choice(alnum) for _ in range(16)),
-            "host": f"node-{rng.randint(1, 400):03d}",
-            "job_id": f"job-{100000 + i}",
-            "state": rng.choice(states),
-            "severity": rng.choice(severities),
-            "attempts": rng.randint(0, 5),
-            "bytes_out": rng.randint(0, 10**12),
-            "cpu_ratio": round(rng.random(), 6),
-            "started_at": start.isoformat(timespec="microseconds").replace("+00:00", "Z"),
-            "finished_at": (start + timedelta(seconds=rng.randint(1, 3600))).isoformat(),
-            "tags": rng.sample(tags, rng.randint(0, 3)),
-        })
+        rows.append(
+            {
+                "row_id": "row_" + "".join(rng.choice(alnum) for _ in range(16)),
+                "host": f"node-{rng.randint(1, 400):03d}",
+                "job_id": f"job-{100000 + i}",
+                "state": rng.choice(states),
+                "severity": rng.choice(severities),
+                "attempts": rng.randint(0, 5),
+                "bytes_out": rng.randint(0, 10**12),
+                "cpu_ratio": round(rng.random(), 6),
+                "started_at": start.isoformat(timespec="microseconds").replace("+00:00", "Z"),
+                "finished_at": (start + timedelta(seconds=rng.randint(1, 3600))).isoformat(),
+                "tags": rng.sample(tags, rng.randint(0, 3)),
+            }
+        )
     return rows
 
 
@@ -142,8 +155,10 @@ Key = tuple[str, str]  # (size or stage, variant or part)
 def make_outputs() -> dict[str, bytes]:
     """Each size: the row count whose compact document is closest to the target."""
     rows = make_rows(5000)
-    head = {"project_id": ARGS["project_id"], "observed_at": (NOW - timedelta(seconds=5))
-            .isoformat().replace("+00:00", "Z")}
+    head = {
+        "project_id": ARGS["project_id"],
+        "observed_at": (NOW - timedelta(seconds=5)).isoformat().replace("+00:00", "Z"),
+    }
     out = {}
     for label, target in SIZES.items():
         per_row = len(orjson.dumps(rows[:100])) / 100
@@ -177,8 +192,10 @@ def run_interleaved(cases: dict[Key, Callable[[], object]], budget_s: float) -> 
             samples[key].append(clock() - t0)
         rounds += 1
     counts = sorted(map(len, samples.values()))
-    print(f"  ({rounds} rounds, {time.monotonic() - start:.1f} s, "
-          f"samples per case {counts[0]}-{counts[-1]})")
+    print(
+        f"  ({rounds} rounds, {time.monotonic() - start:.1f} s, "
+        f"samples per case {counts[0]}-{counts[-1]})"
+    )
     return {key: statistics.median(s) for key, s in samples.items()}
 
 
@@ -193,7 +210,8 @@ def load_bench_operation() -> Operation:
 def compare(outputs: dict[str, bytes], daemon: Callable[[bytes], bytes]) -> None:
     """(a), (b), (c) at every size, the table and the targets."""
     naive = jsonschema.Draft202012Validator(
-        SCHEMA, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+        SCHEMA, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
     cases: dict[Key, Callable[[], object]] = {}
     for label, stdout in outputs.items():
         naive.validate(json.loads(stdout))  # sanity: the naive pipeline accepts it too
@@ -202,8 +220,10 @@ def compare(outputs: dict[str, bytes], daemon: Callable[[bytes], bytes]) -> None
         cases[label, "c"] = partial(lambda s: naive.validate(json.loads(s)), stdout)
     print("\nmain comparison (median µs per call)")
     med = {key: ns / 1000 for key, ns in run_interleaved(cases, BUDGET_S).items()}
-    print(f"\n{'size':>7} {'(a) daemon':>12} {'(b) orjson':>12} {'(c) naive':>12}"
-          f" {'a/b':>7} {'c/a':>7}")
+    print(
+        f"\n{'size':>7} {'(a) daemon':>12} {'(b) orjson':>12} {'(c) naive':>12}"
+        f" {'a/b':>7} {'c/a':>7}"
+    )
     for label in outputs:
         a, b, c = (med[label, v] for v in "abc")
         print(f"{label:>7} {a:>12.1f} {b:>12.1f} {c:>12.1f} {a / b:>7.2f} {c / a:>7.1f}")
@@ -211,9 +231,11 @@ def compare(outputs: dict[str, bytes], daemon: Callable[[bytes], bytes]) -> None
     a_b = med["100 KB", "a"] / med["100 KB", "b"]
     c_a = med["100 KB", "c"] / med["100 KB", "a"]
     print()
-    for name, ok, got in [("(a) at 1 KB <= 50 µs", a1 <= 50, f"{a1:.1f} µs"),
-                          ("a/b at 100 KB <= 5", a_b <= 5, f"{a_b:.2f}"),
-                          ("c/a at 100 KB >= 20", c_a >= 20, f"{c_a:.1f}")]:
+    for name, ok, got in [
+        ("(a) at 1 KB <= 50 µs", a1 <= 50, f"{a1:.1f} µs"),
+        ("a/b at 100 KB <= 5", a_b <= 5, f"{a_b:.2f}"),
+        ("c/a at 100 KB >= 20", c_a >= 20, f"{c_a:.1f}"),
+    ]:
         print(f"  {'PASS' if ok else 'MISS'}  {name:<24} measured {got}")
 
 
@@ -229,18 +251,22 @@ def breakdown(op: Operation, stdout: bytes, daemon: Callable[[bytes], bytes]) ->
         ("stage", "strict parse (op.parser.parse)"): partial(op.parser.parse, stdout),
         ("part", "  orjson.loads"): partial(orjson.loads, stdout),
         ("part", "  guard: translate + digit-run find"): lambda: (
-            b"0" * 19 in stdout.translate(DIGITS_TO_ZERO, b":")),
+            b"0" * 19 in stdout.translate(DIGITS_TO_ZERO, b":")
+        ),
         ("part", "  guard: dumps(OPT_INDENT_2)"): lambda: orjson.dumps(
-            value, option=orjson.OPT_INDENT_2),
+            value, option=orjson.OPT_INDENT_2
+        ),
         ("part", "  guard: count(':') + indent find"): lambda: (
-            len(stdout) - len(scan) == dumped.count(b":") and b"\n" + b" " * 32 in dumped),
+            len(stdout) - len(scan) == dumped.count(b":") and b"\n" + b" " * 32 in dumped
+        ),
         ("stage", "schema (op.output_validator)"): partial(op.output_validator.validate, value),
         ("stage", "checks (run_checks)"): partial(run_checks, op.spec.checks, value, ARGS, NOW),
         ("stage", "projection (project + Verdict)"): lambda: Verdict(data=project(op, value)),
         ("stage", "seal (envelope + validation)"): partial(seal, op, REQUEST_ID, verdict),
         ("part", "  envelope_guard.is_valid"): partial(op.envelope_guard.is_valid, sealed),
         ("aside", "full envelope schema (check, tests)"): partial(
-            op.envelope_validator.is_valid, sealed),
+            op.envelope_validator.is_valid, sealed
+        ),
         ("stage", "orjson.dumps(envelope)"): partial(orjson.dumps, sealed),
     }
     print("\nbreakdown of (a) at 100 KB (median µs per call)")
@@ -249,11 +275,14 @@ def breakdown(op: Operation, stdout: bytes, daemon: Callable[[bytes], bytes]) ->
     for (_, name), ns in parts.items():
         print(f"  {name:<36} {ns / 1000:>9.1f} µs {100 * ns / total:>6.1f} %")
     stage_sum = sum(ns for (kind, _), ns in parts.items() if kind == "stage")
-    print(f"  {'sum of the stages':<36} {stage_sum / 1000:>9.1f} µs"
-          f" {100 * stage_sum / total:>6.1f} %")
+    print(
+        f"  {'sum of the stages':<36} {stage_sum / 1000:>9.1f} µs {100 * stage_sum / total:>6.1f} %"
+    )
     floor = parts["part", "  orjson.loads"]
-    print(f"  total / orjson.loads = {total / floor:.2f} (the full envelope schema is not on the"
-          " hot path: see envelope.envelope_guard_schema)")
+    print(
+        f"  total / orjson.loads = {total / floor:.2f} (the full envelope schema is not on the"
+        " hot path: see envelope.envelope_guard_schema)"
+    )
 
 
 def main() -> None:
@@ -267,10 +296,16 @@ def main() -> None:
     for label, stdout in outputs.items():  # sanity: every case is an accepted call
         envelope = orjson.loads(daemon(stdout))
         assert envelope["outcome"] == "success", (label, envelope)
-    print(f"sshadapter offline stage, Python {sys.version.split()[0]}, " + ", ".join(
-        f"{name} {version(name)}" for name in ("orjson", "jsonschema", "jsonschema-rs")))
-    print("sizes: " + ", ".join(
-        f"{k} = {len(v):,} B ({len(orjson.loads(v)['rows'])} rows)" for k, v in outputs.items()))
+    print(
+        f"sshadapter offline stage, Python {sys.version.split()[0]}, "
+        + ", ".join(f"{name} {version(name)}" for name in ("orjson", "jsonschema", "jsonschema-rs"))
+    )
+    print(
+        "sizes: "
+        + ", ".join(
+            f"{k} = {len(v):,} B ({len(orjson.loads(v)['rows'])} rows)" for k, v in outputs.items()
+        )
+    )
     compare(outputs, daemon)
     breakdown(op, outputs["100 KB"], daemon)
 

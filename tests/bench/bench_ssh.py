@@ -82,10 +82,24 @@ BIG_LEVEL = 64
 CALL_TIMEOUT_S = 60.0  # per call in the driver: a hang is a failure, not a stuck run
 IDS = [f"bench-{i:04d}" for i in range(1000)]  # project ids cycled through by every method
 
-FULL = dict(rounds=16, calls={1: 40, 8: 160, 32: 384, 64: 640},
-            ssh_new=2, ssh_mux=20, local=20, big_rounds=2, big_calls=128)
-QUICK = dict(rounds=5, calls={1: 30, 8: 120, 32: 256, 64: 512},
-             ssh_new=2, ssh_mux=15, local=15, big_rounds=1, big_calls=128)
+FULL = dict(
+    rounds=16,
+    calls={1: 40, 8: 160, 32: 384, 64: 640},
+    ssh_new=2,
+    ssh_mux=20,
+    local=20,
+    big_rounds=2,
+    big_calls=128,
+)
+QUICK = dict(
+    rounds=5,
+    calls={1: 30, 8: 120, 32: 256, 64: 512},
+    ssh_new=2,
+    ssh_mux=15,
+    local=15,
+    big_rounds=1,
+    big_calls=128,
+)
 
 STATUS_TOML = """\
 description = "Benchmark: a small JSON status document for one project."
@@ -138,8 +152,7 @@ STATUS_SCHEMA = {
     "type": "object",
     "required": ["project_id", "state", "n"],
     "properties": {
-        "project_id": {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]{2,62}$",
-                       "maxLength": 63},
+        "project_id": {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]{2,62}$", "maxLength": 63},
         "state": {"type": "string", "enum": ["ok", "degraded", "failed"]},
         "n": {"type": "integer", "minimum": 0, "maximum": 1000000},
     },
@@ -153,7 +166,8 @@ BIG_SCHEMA = {
     "properties": {
         "pad": {"type": "string", "pattern": "^x*$", "maxLength": 4096},
         "rows": {
-            "type": "array", "maxItems": 100000,
+            "type": "array",
+            "maxItems": 100000,
             "items": {
                 "type": "object",
                 "required": ["i", "host", "state", "load"],
@@ -178,8 +192,14 @@ def big_document(size: int) -> bytes:
     total = len(b'{"pad":"","rows":[]}\n')
     i = 0
     while True:
-        row = orjson.dumps({"i": 100000 + i, "host": f"node-{i % 997}",
-                            "state": states[i % 3], "load": (i % 400) / 4})
+        row = orjson.dumps(
+            {
+                "i": 100000 + i,
+                "host": f"node-{i % 997}",
+                "state": states[i % 3],
+                "load": (i % 400) / 4,
+            }
+        )
         if total + len(row) + 1 + 64 > size:
             break
         rows.append(row)
@@ -312,12 +332,27 @@ class RawPool:
         key = asyncssh.read_private_key(sshd.client_key)
         conns = []
         for _ in range(count):  # one at a time, as the daemon's pool (sshd MaxStartups)
-            conns.append(await asyncssh.connect(
-                sshd.address, sshd.port, config=None, username=sshd.user, known_hosts=known,
-                x509_trusted_certs=None, client_keys=[key], agent_path=None,
-                preferred_auth="publickey", password_auth=False, kbdint_auth=False,
-                gss_auth=False, gss_kex=False, request_pty=False, env=None, send_env=None,
-                encryption_algs=CIPHERS))
+            conns.append(
+                await asyncssh.connect(
+                    sshd.address,
+                    sshd.port,
+                    config=None,
+                    username=sshd.user,
+                    known_hosts=known,
+                    x509_trusted_certs=None,
+                    client_keys=[key],
+                    agent_path=None,
+                    preferred_auth="publickey",
+                    password_auth=False,
+                    kbdint_auth=False,
+                    gss_auth=False,
+                    gss_kex=False,
+                    request_pty=False,
+                    env=None,
+                    send_env=None,
+                    encryption_algs=CIPHERS,
+                )
+            )
         return cls(conns, cap)
 
     async def run(self, command: str) -> asyncssh.SSHCompletedProcess:
@@ -367,7 +402,8 @@ class AdapterConn:
 
 async def run_process(argv: list[str]) -> str | None:
     process = await asyncio.create_subprocess_exec(
-        *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     out, _ = await process.communicate()
     if process.returncode != 0:
         return f"exit {process.returncode}"
@@ -400,8 +436,12 @@ class Bench:
         return self.status.command({"project_id": IDS[n % len(IDS)]})
 
     def status_line(self, n: int) -> bytes:
-        return orjson.dumps({"op": "call", "tool": "bench_status",
-                             "args": {"project_id": IDS[n % len(IDS)]}}) + b"\n"
+        return (
+            orjson.dumps(
+                {"op": "call", "tool": "bench_status", "args": {"project_id": IDS[n % len(IDS)]}}
+            )
+            + b"\n"
+        )
 
 
 def raw_call(bench: Bench, command: Callable[[int], str], expect: bytes) -> Call:
@@ -409,14 +449,19 @@ def raw_call(bench: Bench, command: Callable[[int], str], expect: bytes) -> Call
         done = await bench.raw.run(command(n))
         if done.exit_status != 0:
             return f"exit {done.exit_status}"
-        return None if isinstance(done.stdout, bytes) and done.stdout.startswith(expect) \
+        return (
+            None
+            if isinstance(done.stdout, bytes) and done.stdout.startswith(expect)
             else "unexpected stdout"
+        )
+
     return call
 
 
 @contextlib.asynccontextmanager
-async def workers_for(bench: Bench, method: str, level: int, big: bool) -> AsyncIterator[
-        list[Call]]:
+async def workers_for(
+    bench: Bench, method: str, level: int, big: bool
+) -> AsyncIterator[list[Call]]:
     """One Call per concurrent worker; connections are opened here, outside the timing."""
     if method in bench.daemons:
         conns = [await AdapterConn.open(bench.daemons[method].socket) for _ in range(level)]
@@ -426,6 +471,7 @@ async def workers_for(bench: Bench, method: str, level: int, big: bool) -> Async
             if big:
                 return lambda n: conn.call(big_line)
             return lambda n: conn.call(bench.status_line(n))
+
         try:
             yield [bind(c) for c in conns]
         finally:
@@ -453,8 +499,9 @@ async def workers_for(bench: Bench, method: str, level: int, big: bool) -> Async
     yield [lambda n: run_process([*base, dest, bench.status_command(n)])] * level
 
 
-async def run_phase(bench: Bench, method: str, level: int, calls: int, *, big: bool = False,
-                    record: bool = True) -> None:
+async def run_phase(
+    bench: Bench, method: str, level: int, calls: int, *, big: bool = False, record: bool = True
+) -> None:
     key = (method + (" 1MiB" if big else ""), level)
     acc = bench.accs.setdefault(key, Acc()) if record else Acc()
     daemon = bench.daemons.get(method)
@@ -506,7 +553,7 @@ def write_config(tmp: Path, sshd: Sshd, name: str, fsync: str) -> Path:
     config = tmp / f"config-{name}.toml"
     config.write_text(f"""\
 [server]
-socket_path = "{tmp / f'{name}.sock'}"
+socket_path = "{tmp / f"{name}.sock"}"
 socket_mode = "0600"
 allow = {{ uids = [{os.getuid()}] }}
 max_concurrent_calls = {MAX_CONCURRENT_CALLS}
@@ -517,9 +564,9 @@ commands = "commands"
 schemas = "schemas"
 
 [audit]
-path = "{tmp / f'audit-{name}.jsonl'}"
+path = "{tmp / f"audit-{name}.jsonl"}"
 fsync = "{fsync}"
-quarantine_dir = "{tmp / f'quarantine-{name}'}"
+quarantine_dir = "{tmp / f"quarantine-{name}"}"
 
 [metrics]
 listen = ""
@@ -546,7 +593,8 @@ def write_operations(tmp: Path) -> None:
     big.chmod(0o644)  # read by the sshd login account
     (commands / "bench_status.toml").write_text(STATUS_TOML)
     (commands / "bench_big.toml").write_text(
-        BIG_TOML.replace("{path}", str(big)).replace("{max_bytes}", str(BIG_BYTES)))
+        BIG_TOML.replace("{path}", str(big)).replace("{max_bytes}", str(BIG_BYTES))
+    )
     (schemas / "bench_status.v1.json").write_bytes(orjson.dumps(STATUS_SCHEMA))
     (schemas / "bench_big.v1.json").write_bytes(orjson.dumps(BIG_SCHEMA))
 
@@ -561,7 +609,8 @@ def start_daemon(tmp: Path, name: str, config: Path, patches: list[str] | None =
         argv = [sys.executable, "-c", PATCHED_SERVE, code, str(config)]
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+            argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
     return Daemon(name, process.pid, tmp / f"{name}.sock", process, log)
 
 
@@ -593,9 +642,21 @@ def control_master(ssh_base: list[str], dest: str, path: Path) -> Iterator[None]
     log = path.with_suffix(".log")
     with open(log, "wb") as out:
         master = subprocess.Popen(
-            [*ssh_base, "-o", "ControlMaster=yes", "-o", f"ControlPath={path}",
-             "-o", "ControlPersist=no", "-N", dest],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out)
+            [
+                *ssh_base,
+                "-o",
+                "ControlMaster=yes",
+                "-o",
+                f"ControlPath={path}",
+                "-o",
+                "ControlPersist=no",
+                "-N",
+                dest,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
     try:
         deadline = time.monotonic() + 15
         while not path.exists():
@@ -621,11 +682,13 @@ def machine() -> str:
                 break
     openssh = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
     load = Path("/proc/loadavg").read_text().split()[:3]
-    return (f"machine: nproc {os.cpu_count()}, {model}, {platform.system()} "
-            f"{platform.release()}, load {' '.join(load)}\n"
-            f"software: Python {platform.python_version()}, asyncssh {version('asyncssh')}, "
-            f"cryptography {version('cryptography')}, {openssh}, "
-            f"sshadapter {version('sshadapter') if _installed('sshadapter') else 'checkout'}")
+    return (
+        f"machine: nproc {os.cpu_count()}, {model}, {platform.system()} "
+        f"{platform.release()}, load {' '.join(load)}\n"
+        f"software: Python {platform.python_version()}, asyncssh {version('asyncssh')}, "
+        f"cryptography {version('cryptography')}, {openssh}, "
+        f"sshadapter {version('sshadapter') if _installed('sshadapter') else 'checkout'}"
+    )
 
 
 def _installed(name: str) -> bool:
@@ -647,8 +710,11 @@ def methods_at(bench: Bench, level: int) -> list[str]:
 
 
 def calls_for(plan: dict[str, Any], method: str, level: int) -> int:
-    calls = {"ssh new conn": plan["ssh_new"], "ssh mux": plan["ssh_mux"],
-             "local sh -c": plan["local"]}.get(method, plan["calls"][level])
+    calls = {
+        "ssh new conn": plan["ssh_new"],
+        "ssh mux": plan["ssh_mux"],
+        "local sh -c": plan["local"],
+    }.get(method, plan["calls"][level])
     return int(calls)
 
 
@@ -659,8 +725,9 @@ async def measure(bench: Bench, plan: dict[str, Any], rng: random.Random) -> Non
         await run_phase(bench, name, 64, 640, record=False)
     for level in LEVELS:
         for method in methods_at(bench, level):
-            await run_phase(bench, method, level, max(level, calls_for(plan, method, level) // 4),
-                            record=False)
+            await run_phase(
+                bench, method, level, max(level, calls_for(plan, method, level) // 4), record=False
+            )
     print_connections(bench)
     for r in range(plan["rounds"]):
         levels = list(LEVELS)
@@ -670,8 +737,9 @@ async def measure(bench: Bench, plan: dict[str, Any], rng: random.Random) -> Non
             rng.shuffle(methods)
             for method in methods:
                 await run_phase(bench, method, level, calls_for(plan, method, level))
-        print(f"  round {r + 1}/{plan['rounds']} done, {time.monotonic() - started:.0f} s",
-              flush=True)
+        print(
+            f"  round {r + 1}/{plan['rounds']} done, {time.monotonic() - started:.0f} s", flush=True
+        )
     print(f"1 MiB outputs at concurrency {BIG_LEVEL} ...", flush=True)
     big_methods = ["raw asyncssh", *bench.daemons]
     for method in big_methods:  # warm: first 1 MiB calls grow buffers and allocator arenas
@@ -685,29 +753,41 @@ async def measure(bench: Bench, plan: dict[str, Any], rng: random.Random) -> Non
 
 
 def print_connections(bench: Bench) -> None:
-    counts = ", ".join(f"{name} {tcp_connections_to(d.pid, bench.sshd.port)}"
-                       for name, d in bench.daemons.items())
-    print(f"  SSH connections open: raw asyncssh {tcp_connections_to(os.getpid(), bench.sshd.port)}"
-          f", {counts}", flush=True)
+    counts = ", ".join(
+        f"{name} {tcp_connections_to(d.pid, bench.sshd.port)}" for name, d in bench.daemons.items()
+    )
+    print(
+        f"  SSH connections open: raw asyncssh {tcp_connections_to(os.getpid(), bench.sshd.port)}"
+        f", {counts}",
+        flush=True,
+    )
 
 
 def report(bench: Bench) -> None:
     mb = 1024 * 1024
     print("\nresults (latency per call in ms; CPU in ms per call; RSS = daemon peak, MiB)")
-    header = (f"{'c':>3} {'method':<30} {'calls':>6} {'fail':>5} {'p50':>8} {'p99':>8} "
-              f"{'calls/s':>8} {'daemon':>7} {'driver':>7} {'sshd':>7} {'total':>7} {'RSS':>6}")
+    header = (
+        f"{'c':>3} {'method':<30} {'calls':>6} {'fail':>5} {'p50':>8} {'p99':>8} "
+        f"{'calls/s':>8} {'daemon':>7} {'driver':>7} {'sshd':>7} {'total':>7} {'RSS':>6}"
+    )
     print(header)
     print("-" * len(header))
-    for (method, level), acc in sorted(bench.accs.items(), key=lambda kv: (kv[0][1], "1MiB" in
-                                                                           kv[0][0])):
+    for (method, level), acc in sorted(
+        bench.accs.items(), key=lambda kv: (kv[0][1], "1MiB" in kv[0][0])
+    ):
         per = 1000 / acc.calls
         total = acc.daemon_cpu + acc.driver_cpu + acc.sshd_cpu
-        daemon = f"{acc.daemon_cpu * per:7.2f}" if method.split(" 1MiB")[0] in bench.daemons \
+        daemon = (
+            f"{acc.daemon_cpu * per:7.2f}"
+            if method.split(" 1MiB")[0] in bench.daemons
             else f"{'-':>7}"
+        )
         rss = f"{acc.peak_rss / mb:6.1f}" if acc.peak_rss else f"{'-':>6}"
-        print(f"{level:>3} {method:<30} {acc.calls:>6} {sum(acc.fails.values()):>5} "
-              f"{pct(acc.lat, 50):8.2f} {pct(acc.lat, 99):8.2f} {acc.rate:8.1f} {daemon} "
-              f"{acc.driver_cpu * per:7.2f} {acc.sshd_cpu * per:7.2f} {total * per:7.2f} {rss}")
+        print(
+            f"{level:>3} {method:<30} {acc.calls:>6} {sum(acc.fails.values()):>5} "
+            f"{pct(acc.lat, 50):8.2f} {pct(acc.lat, 99):8.2f} {acc.rate:8.1f} {daemon} "
+            f"{acc.driver_cpu * per:7.2f} {acc.sshd_cpu * per:7.2f} {total * per:7.2f} {rss}"
+        )
     failures = {k: dict(a.fails) for k, a in bench.accs.items() if a.fails}
     print(f"\nfailures: {failures or 'none'}")
     if not bench.rss_reset_works:
@@ -719,13 +799,17 @@ def report(bench: Bench) -> None:
         raw = bench.accs[("raw asyncssh", level)]
         for name in bench.daemons:
             acc = bench.accs[(name, level)]
-            print(f"{level:>3} {name:<34} {pct(acc.lat, 50) / pct(raw.lat, 50):6.2f} "
-                  f"{pct(acc.lat, 99) / pct(raw.lat, 99):6.2f} {acc.rate / raw.rate:8.2f}")
+            print(
+                f"{level:>3} {name:<34} {pct(acc.lat, 50) / pct(raw.lat, 50):6.2f} "
+                f"{pct(acc.lat, 99) / pct(raw.lat, 99):6.2f} {acc.rate / raw.rate:8.2f}"
+            )
     raw_big = bench.accs[("raw asyncssh 1MiB", BIG_LEVEL)]
     for name in bench.daemons:
         acc = bench.accs[(name + " 1MiB", BIG_LEVEL)]
-        print(f"{BIG_LEVEL:>3} {name + ' 1MiB':<34} {pct(acc.lat, 50) / pct(raw_big.lat, 50):6.2f} "
-              f"{pct(acc.lat, 99) / pct(raw_big.lat, 99):6.2f} {acc.rate / raw_big.rate:8.2f}")
+        print(
+            f"{BIG_LEVEL:>3} {name + ' 1MiB':<34} {pct(acc.lat, 50) / pct(raw_big.lat, 50):6.2f} "
+            f"{pct(acc.lat, 99) / pct(raw_big.lat, 99):6.2f} {acc.rate / raw_big.rate:8.2f}"
+        )
 
     ssh_new = pct(bench.accs[("ssh new conn", 1)].lat, 50)
     raw1 = pct(bench.accs[("raw asyncssh", 1)].lat, 50)
@@ -735,22 +819,35 @@ def report(bench: Bench) -> None:
         a1 = pct(bench.accs[(name, 1)].lat, 50)
         r32 = bench.accs[(name, 32)].rate
         big = bench.accs[(name + " 1MiB", BIG_LEVEL)]
-        peak = max(a.peak_rss for (m, _), a in bench.accs.items()
-                   if m.split(" 1MiB")[0] == name)
-        failed = {lvl: sum(a.fails.values()) for (m, lvl), a in bench.accs.items()
-                  if m == name}
+        peak = max(a.peak_rss for (m, _), a in bench.accs.items() if m.split(" 1MiB")[0] == name)
+        failed = {lvl: sum(a.fails.values()) for (m, lvl), a in bench.accs.items() if m == name}
         failed_big = sum(big.fails.values())
         rows = [
-            ("p50 at c=1 <= 1.25x raw asyncssh", a1 / raw1 <= 1.25,
-             f"{a1:.2f} ms vs {raw1:.2f} ms = {a1 / raw1:.2f}x"),
-            ("calls/s at c=32 >= 0.8x raw asyncssh", r32 / raw32 >= 0.8,
-             f"{r32:.0f} vs {raw32:.0f} calls/s = {r32 / raw32:.2f}x"),
-            ("p50 at c=1 >= 20x faster than ssh new conn", ssh_new / a1 >= 20,
-             f"{ssh_new:.1f} ms / {a1:.2f} ms = {ssh_new / a1:.0f}x"),
-            (f"peak RSS, {BIG_LEVEL} x 1 MiB outputs <= 200 MB", big.peak_rss <= 200e6,
-             f"{big.peak_rss / 1e6:.0f} MB (whole run {peak / 1e6:.0f} MB)"),
-            ("no failed calls at any level", not any(failed.values()) and not failed_big,
-             f"{failed}, 1 MiB run {failed_big}"),
+            (
+                "p50 at c=1 <= 1.25x raw asyncssh",
+                a1 / raw1 <= 1.25,
+                f"{a1:.2f} ms vs {raw1:.2f} ms = {a1 / raw1:.2f}x",
+            ),
+            (
+                "calls/s at c=32 >= 0.8x raw asyncssh",
+                r32 / raw32 >= 0.8,
+                f"{r32:.0f} vs {raw32:.0f} calls/s = {r32 / raw32:.2f}x",
+            ),
+            (
+                "p50 at c=1 >= 20x faster than ssh new conn",
+                ssh_new / a1 >= 20,
+                f"{ssh_new:.1f} ms / {a1:.2f} ms = {ssh_new / a1:.0f}x",
+            ),
+            (
+                f"peak RSS, {BIG_LEVEL} x 1 MiB outputs <= 200 MB",
+                big.peak_rss <= 200e6,
+                f"{big.peak_rss / 1e6:.0f} MB (whole run {peak / 1e6:.0f} MB)",
+            ),
+            (
+                "no failed calls at any level",
+                not any(failed.values()) and not failed_big,
+                f"{failed}, 1 MiB run {failed_big}",
+            ),
         ]
         for label, ok, got in rows:
             print(f"  {'PASS' if ok else 'MISS'}  {label:<44} measured {got}")
@@ -761,16 +858,19 @@ async def amain(args: argparse.Namespace) -> None:
     if args.rounds:
         plan["rounds"] = args.rounds
     print(machine())
-    print(f"plan: {plan['rounds']} rounds; calls per phase {plan['calls']}; ssh new conn "
-          f"{plan['ssh_new']}, ssh mux {plan['ssh_mux']} per round at c=1; "
-          f"pool {POOL_CONNECTIONS} connections x {CHANNELS_PER_CONNECTION} channels; "
-          f"daemon max_concurrent_calls {MAX_CONCURRENT_CALLS}, max_queue {MAX_QUEUE}",
-          flush=True)
+    print(
+        f"plan: {plan['rounds']} rounds; calls per phase {plan['calls']}; ssh new conn "
+        f"{plan['ssh_new']}, ssh mux {plan['ssh_mux']} per round at c=1; "
+        f"pool {POOL_CONNECTIONS} connections x {CHANNELS_PER_CONNECTION} channels; "
+        f"daemon max_concurrent_calls {MAX_CONCURRENT_CALLS}, max_queue {MAX_QUEUE}",
+        flush=True,
+    )
     with running_sshd() as sshd, tempfile.TemporaryDirectory(prefix="sshadapter-bench-") as t:
         tmp = Path(t)
         tmp.chmod(0o755)  # the sshd login account reads big.json here
-        fs = subprocess.run(["stat", "-f", "-c", "%T", str(tmp)], capture_output=True,
-                            text=True).stdout.strip()
+        fs = subprocess.run(
+            ["stat", "-f", "-c", "%T", str(tmp)], capture_output=True, text=True
+        ).stdout.strip()
         print(f"sshd 127.0.0.1:{sshd.port} as {sshd.user}; audit logs in {tmp} ({fs})")
         write_operations(tmp)
         registry = load_registry(tmp / "commands", tmp / "schemas", hosts=["bench"])
@@ -783,20 +883,45 @@ async def amain(args: argparse.Namespace) -> None:
         try:
             for index, (name, (fsync, patches)) in enumerate(variants.items()):
                 slug = f"d{index}"
-                daemons[name] = start_daemon(tmp, slug, write_config(tmp, sshd, slug, fsync),
-                                             patches)
+                daemons[name] = start_daemon(
+                    tmp, slug, write_config(tmp, sshd, slug, fsync), patches
+                )
             for daemon in daemons.values():
                 await wait_ready(daemon)
-            ssh_base = ["ssh", "-F", "/dev/null", "-T", "-i", str(sshd.client_key),
-                        "-o", "IdentitiesOnly=yes", "-o", f"UserKnownHostsFile={sshd.known_hosts}",
-                        "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
-                        "-c", "aes128-gcm@openssh.com", "-p", str(sshd.port)]
+            ssh_base = [
+                "ssh",
+                "-F",
+                "/dev/null",
+                "-T",
+                "-i",
+                str(sshd.client_key),
+                "-o",
+                "IdentitiesOnly=yes",
+                "-o",
+                f"UserKnownHostsFile={sshd.known_hosts}",
+                "-o",
+                "StrictHostKeyChecking=yes",
+                "-o",
+                "BatchMode=yes",
+                "-c",
+                "aes128-gcm@openssh.com",
+                "-p",
+                str(sshd.port),
+            ]
             mux = tmp / "mux.sock"
             sshd_pid = int((sshd.workdir / "sshd.pid").read_text())
             with control_master(ssh_base, f"{sshd.user}@{sshd.address}", mux):
                 raw = await RawPool.open(sshd, POOL_CONNECTIONS, CHANNELS_PER_CONNECTION)
-                bench = Bench(sshd, sshd_pid, registry.operations["bench_status"],
-                              registry.operations["bench_big"], raw, daemons, ssh_base, mux)
+                bench = Bench(
+                    sshd,
+                    sshd_pid,
+                    registry.operations["bench_status"],
+                    registry.operations["bench_big"],
+                    raw,
+                    daemons,
+                    ssh_base,
+                    mux,
+                )
                 print(f"command: {bench.status_command(0)}")
                 print(f"1 MiB command: {bench.big.command({})} ({BIG_BYTES} bytes)")
                 try:
@@ -804,8 +929,10 @@ async def amain(args: argparse.Namespace) -> None:
                 finally:
                     await raw.close()
             for name, daemon in daemons.items():
-                print(f"{name}: daemon RSS now {proc_status(daemon.pid, 'VmRSS') / 2**20:.1f}"
-                      f" MiB; audit {(tmp / f'audit-{daemon.name}.jsonl').stat().st_size:,} B")
+                print(
+                    f"{name}: daemon RSS now {proc_status(daemon.pid, 'VmRSS') / 2**20:.1f}"
+                    f" MiB; audit {(tmp / f'audit-{daemon.name}.jsonl').stat().st_size:,} B"
+                )
         finally:
             for daemon in daemons.values():
                 stop_daemon(daemon)
@@ -818,11 +945,19 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer rounds (about 1 min)")
     parser.add_argument("--rounds", type=int, default=0, help="override the number of rounds")
     parser.add_argument("--seed", type=int, default=7, help="shuffle seed")
-    parser.add_argument("--no-fsync-always", action="store_true",
-                        help="skip the second daemon (audit fsync = always)")
-    parser.add_argument("--variant", action="append", default=[], metavar="PATCH[+PATCH]",
-                        help="also run a daemon with experimental fixes from daemon_patches.py "
-                        f"({', '.join(sorted(PATCHES))}), interleaved like the others")
+    parser.add_argument(
+        "--no-fsync-always",
+        action="store_true",
+        help="skip the second daemon (audit fsync = always)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="PATCH[+PATCH]",
+        help="also run a daemon with experimental fixes from daemon_patches.py "
+        f"({', '.join(sorted(PATCHES))}), interleaved like the others",
+    )
     asyncio.run(amain(parser.parse_args()))
 
 

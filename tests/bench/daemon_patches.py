@@ -33,5 +33,3 @@ exec(sys.argv[1])
 from sshadapter.cli import main
 sys.exit(main(["serve", "--config", sys.argv[2]]))
 """
-
-

@@ -94,7 +94,7 @@ def summarize_collapsed(path: Path, top: int = 30) -> str:
         self_counts[frames[-1]] += count
         for frame in set(frames):
             incl[frame] += count
-    out = [f"{total} samples (active threads only)", "\n== self ==" ]
+    out = [f"{total} samples (active threads only)", "\n== self =="]
     out += [f"{100 * c / total:6.1f} %  {f}" for f, c in self_counts.most_common(top)]
     out.append("\n== inclusive ==")
     out += [f"{100 * c / total:6.1f} %  {f}" for f, c in incl.most_common(top * 2)]
@@ -123,27 +123,52 @@ async def amain(args: argparse.Namespace) -> None:
         else:
             argv = [sys.executable, "-m", "sshadapter.cli", "serve", "--config", str(config)]
         with open(log, "wb") as out:
-            process = subprocess.Popen(argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL,
-                                       stdout=out, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(
+                argv,
+                cwd=tmp,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         daemon = b.Daemon("sshadapter", process.pid, tmp / "prof.sock", process, log)
         spy = None
         try:
             await b.wait_ready(daemon, timeout=180)
             raw = await b.RawPool.open(sshd, b.POOL_CONNECTIONS, b.CHANNELS_PER_CONNECTION)
-            bench = b.Bench(sshd, int((sshd.workdir / "sshd.pid").read_text()),
-                            registry.operations["bench_status"], registry.operations["bench_big"],
-                            raw, {"sshadapter": daemon}, [], tmp / "unused")
+            bench = b.Bench(
+                sshd,
+                int((sshd.workdir / "sshd.pid").read_text()),
+                registry.operations["bench_status"],
+                registry.operations["bench_big"],
+                raw,
+                {"sshadapter": daemon},
+                [],
+                tmp / "unused",
+            )
             for _ in range(2):  # warm: pool at full size, buffers grown
-                await b.run_phase(bench, "sshadapter", max(level, 32), 128, big=big,
-                                  record=False)
+                await b.run_phase(bench, "sshadapter", max(level, 32), 128, big=big, record=False)
             rss0 = b.proc_status(daemon.pid, "VmRSS")
             b.reset_peak_rss(daemon.pid)
             if args.profile == "pyspy":
                 collapsed = tmp / "pyspy.txt"
                 spy = subprocess.Popen(
-                    ["py-spy", "record", "--pid", str(daemon.pid), "--rate", str(args.rate),
-                     "--format", "raw", "--output", str(collapsed), "--nonblocking"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    [
+                        "py-spy",
+                        "record",
+                        "--pid",
+                        str(daemon.pid),
+                        "--rate",
+                        str(args.rate),
+                        "--format",
+                        "raw",
+                        "--output",
+                        str(collapsed),
+                        "--nonblocking",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
                 time.sleep(1.0)
             wall = 0.0
             for _ in range(args.phases):
@@ -156,23 +181,32 @@ async def amain(args: argparse.Namespace) -> None:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(30)
             acc = bench.accs[("sshadapter" + (" 1MiB" if big else ""), level)]
-            print(f"load {args.load}: c={level}, {acc.calls} calls, {sum(acc.fails.values())} "
-                  f"failed, p50 {b.pct(acc.lat, 50):.2f} ms, p99 {b.pct(acc.lat, 99):.2f} ms, "
-                  f"{acc.calls / wall:.1f} calls/s, daemon CPU "
-                  f"{1000 * acc.daemon_cpu / acc.calls:.2f} ms/call, RSS before "
-                  f"{rss0 / 2**20:.1f} MiB, peak {acc.peak_rss / 2**20:.1f} MiB, env {args.env}, "
-                  f"patches {args.patch}")
+            print(
+                f"load {args.load}: c={level}, {acc.calls} calls, {sum(acc.fails.values())} "
+                f"failed, p50 {b.pct(acc.lat, 50):.2f} ms, p99 {b.pct(acc.lat, 99):.2f} ms, "
+                f"{acc.calls / wall:.1f} calls/s, daemon CPU "
+                f"{1000 * acc.daemon_cpu / acc.calls:.2f} ms/call, RSS before "
+                f"{rss0 / 2**20:.1f} MiB, peak {acc.peak_rss / 2**20:.1f} MiB, env {args.env}, "
+                f"patches {args.patch}"
+            )
             if args.with_raw:
                 raw_acc = bench.accs[("raw asyncssh" + (" 1MiB" if big else ""), level)]
-                print(f"raw asyncssh interleaved: p50 {b.pct(raw_acc.lat, 50):.2f} ms, "
-                      f"p99 {b.pct(raw_acc.lat, 99):.2f} ms, {raw_acc.rate:.1f} calls/s")
-            results = [r for r in map(orjson.loads, (tmp / "audit-prof.jsonl").read_bytes()
-                                      .splitlines()) if r.get("type") == "result"][-acc.calls:]
+                print(
+                    f"raw asyncssh interleaved: p50 {b.pct(raw_acc.lat, 50):.2f} ms, "
+                    f"p99 {b.pct(raw_acc.lat, 99):.2f} ms, {raw_acc.rate:.1f} calls/s"
+                )
+            results = [
+                r
+                for r in map(orjson.loads, (tmp / "audit-prof.jsonl").read_bytes().splitlines())
+                if r.get("type") == "result"
+            ][-acc.calls :]
             runner = sorted(r["attempts"][0]["duration_seconds"] * 1000 for r in results)
             if runner:
                 median = runner[len(runner) // 2]
-                print(f"stage 5 (runner) duration from the audit: p50 {median:.2f} ms; "
-                      f"end-to-end p50 minus it: {b.pct(acc.lat, 50) - median:.2f} ms")
+                print(
+                    f"stage 5 (runner) duration from the audit: p50 {median:.2f} ms; "
+                    f"end-to-end p50 minus it: {b.pct(acc.lat, 50) - median:.2f} ms"
+                )
             lines = log.read_text(errors="replace").splitlines()
             print(f"daemon log: {log.stat().st_size:,} B, {len(lines):,} lines in all; last 6:")
             print("\n".join("  " + line[:150] for line in lines[-6:]))
@@ -180,7 +214,8 @@ async def amain(args: argparse.Namespace) -> None:
                 process.send_signal(signal.SIGUSR1)
                 deadline = time.monotonic() + 120
                 while time.monotonic() < deadline and "== by traceback" not in (
-                        dump.read_text() if dump.exists() else ""):
+                    dump.read_text() if dump.exists() else ""
+                ):
                     time.sleep(0.5)
                 time.sleep(2.0)
                 print(dump.read_text() if dump.exists() else "no tracemalloc dump")
@@ -206,10 +241,18 @@ def main() -> None:
     parser.add_argument("--fsync", choices=["never", "always"], default="never")
     parser.add_argument("--calls", type=int, default=256, help="calls per phase")
     parser.add_argument("--phases", type=int, default=2)
-    parser.add_argument("--patch", action="append", default=[], choices=sorted(PATCHES),
-                        help="apply an experimental fix in the daemon process")
-    parser.add_argument("--with-raw", action="store_true",
-                        help="interleave raw asyncssh phases (the floor) with the daemon's")
+    parser.add_argument(
+        "--patch",
+        action="append",
+        default=[],
+        choices=sorted(PATCHES),
+        help="apply an experimental fix in the daemon process",
+    )
+    parser.add_argument(
+        "--with-raw",
+        action="store_true",
+        help="interleave raw asyncssh phases (the floor) with the daemon's",
+    )
     parser.add_argument("--frames", type=int, default=1, help="tracemalloc frames")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the daemon")
