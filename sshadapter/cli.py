@@ -18,10 +18,10 @@ from typing import Any
 import orjson
 
 from sshadapter import __version__, client
-from sshadapter.commands import Registry, load_registry
+from sshadapter.check import check_registry, format_table
 from sshadapter.config import DEFAULT_CONFIG_PATH, Config, load_config
-from sshadapter.contract_check import check_registry, format_table
 from sshadapter.errors import ConfigError
+from sshadapter.registry import Registry, load_registry
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 

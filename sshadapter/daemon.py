@@ -26,11 +26,11 @@ from prometheus_client import start_http_server
 
 from sshadapter import __version__, envelope, systemd
 from sshadapter.audit import AuditLog, now_text
-from sshadapter.commands import load_registry
 from sshadapter.config import Config, load_config
 from sshadapter.errors import ConfigError, UpstreamError
 from sshadapter.metrics import Metrics
 from sshadapter.quarantine import Quarantine
+from sshadapter.registry import load_registry
 from sshadapter.runners.interface import Runner
 from sshadapter.runners.ssh import SshRunner
 from sshadapter.service import Peer, Service

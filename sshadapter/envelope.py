@@ -11,13 +11,10 @@ validated against it before it leaves the daemon.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
 
 from sshadapter.schemas import DRAFT_2020_12, LoadedSchema
-
-if TYPE_CHECKING:
-    from sshadapter.commands import CommandFile
 
 # code -> retryable by default (DESIGN.md table). UPSTREAM_UNAVAILABLE is not
 # retryable for a host key mismatch or an authentication failure.
@@ -90,11 +87,18 @@ def _branches(tool: str, data: Mapping[str, Any], codes: list[str]) -> list[dict
     ]
 
 
-def envelope_schema(tool: str, spec: CommandFile, output: LoadedSchema) -> dict[str, Any]:
+def envelope_schema(
+    tool: str,
+    *,
+    version: int,
+    description: str,
+    fields: Sequence[str],
+    output: LoadedSchema,
+    declares_not_found: bool,
+) -> dict[str, Any]:
     """The tool's published envelope schema: the output schema, projected to `[agent].fields`."""
     properties = output.contents["properties"]
     required = set(output.contents.get("required", ()))
-    fields = spec.agent.fields
     data = {
         "type": "object",
         "properties": {name: {"$ref": f"{output.uri}#/properties/{name}"} for name in fields},
@@ -102,14 +106,14 @@ def envelope_schema(tool: str, spec: CommandFile, output: LoadedSchema) -> dict[
         "additionalProperties": False,
     }
     assert all(name in properties for name in fields)  # checked by the loader
-    codes = [c for c in CODES if c != "NOT_FOUND" or "NOT_FOUND" in spec.output.exit_codes.values()]
+    codes = [c for c in CODES if c != "NOT_FOUND" or declares_not_found]
     embedded = {k: v for k, v in output.contents.items() if k != "$schema"}
     embedded["$id"] = output.uri
     return {
         "$schema": DRAFT_2020_12,
-        "$id": f"{ENVELOPE_BASE_URI}{tool}.v{spec.version}.json",
-        "title": f"{tool} v{spec.version} result envelope",
-        "description": spec.description,
+        "$id": f"{ENVELOPE_BASE_URI}{tool}.v{version}.json",
+        "title": f"{tool} v{version} result envelope",
+        "description": description,
         "type": "object",
         "oneOf": _branches(tool, data, codes),
         "$defs": {"output": embedded},
@@ -119,7 +123,7 @@ def envelope_schema(tool: str, spec: CommandFile, output: LoadedSchema) -> dict[
 def envelope_guard_schema(published: Mapping[str, Any]) -> dict[str, Any]:
     """The published envelope schema with each `data` field's value schema replaced by `true`.
 
-    Used by ``pipeline.seal`` on every response. It checks everything the
+    Used by ``evaluate.seal`` on every response. It checks everything the
     envelope adds (closed branches, tool, request_id, outcome, the exact set of
     data fields, the error object) without validating the data values a second
     time: each one is the very object stage 8 validated against the subschema

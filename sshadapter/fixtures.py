@@ -20,9 +20,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
-from sshadapter.commands import Operation
 from sshadapter.envelope import CODES
 from sshadapter.errors import STAGES, ConfigError
+from sshadapter.registry import Operation
 from sshadapter.rfc3339 import parse_rfc3339
 from sshadapter.strict_json import StrictJSONError, strict_loads
 

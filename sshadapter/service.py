@@ -23,12 +23,12 @@ import orjson
 
 from sshadapter import __version__, envelope
 from sshadapter.audit import AuditError, AuditLog, now_text
-from sshadapter.commands import Operation, Registry
 from sshadapter.config import Allow
 from sshadapter.errors import RequestError, UpstreamError
+from sshadapter.evaluate import Verdict, evaluate, seal
 from sshadapter.metrics import Metrics
-from sshadapter.pipeline import Verdict, evaluate, seal
 from sshadapter.quarantine import Quarantine
+from sshadapter.registry import Operation, Registry
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.strict_json import StrictJSONError, strict_loads
 

@@ -13,7 +13,6 @@ from typing import Any
 import orjson
 
 from sshadapter.audit import AuditLog
-from sshadapter.commands import load_registry
 from sshadapter.config import (
     Allow,
     AuditSection,
@@ -24,6 +23,7 @@ from sshadapter.config import (
 )
 from sshadapter.daemon import Daemon, bind_socket
 from sshadapter.quarantine import Quarantine
+from sshadapter.registry import load_registry
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 from sshadapter.service import Service

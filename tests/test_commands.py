@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sshadapter.commands import Operation, Registry, load_registry
 from sshadapter.errors import ConfigError, RequestError
+from sshadapter.registry import Operation, Registry, load_registry
 from sshadapter.schemas import DRAFT_2020_12
 
 HOSTS = ("ci",)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sshadapter.commands import load_registry
 from sshadapter.config import Config, load_config
 from sshadapter.errors import ConfigError
+from sshadapter.registry import load_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "config.example.toml"

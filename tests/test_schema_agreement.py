@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sshadapter.commands import Operation, Registry, load_registry
 from sshadapter.errors import EvidenceError
 from sshadapter.fixtures import load_fixtures
 from sshadapter.nearmiss import derive
+from sshadapter.registry import Operation, Registry, load_registry
 from sshadapter.rfc3339 import is_date_time
 
 ROOT = Path(__file__).resolve().parents[1]

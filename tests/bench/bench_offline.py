@@ -33,8 +33,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
 
 from sshadapter.checks import run_checks
-from sshadapter.commands import Operation, load_operation
-from sshadapter.pipeline import Verdict, evaluate, project, seal
+from sshadapter.evaluate import Verdict, evaluate, project, seal
+from sshadapter.registry import Operation, load_operation
 from sshadapter.runners.interface import RunResult
 from sshadapter.schemas import SchemaSet
 

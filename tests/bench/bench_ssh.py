@@ -66,7 +66,7 @@ import orjson  # noqa: E402
 from daemon_patches import PATCHED_SERVE, PATCHES  # noqa: E402
 from sshd import Sshd, running_sshd  # noqa: E402
 
-from sshadapter.commands import Operation, load_registry  # noqa: E402
+from sshadapter.registry import Operation, load_registry  # noqa: E402
 from sshadapter.runners.ssh import CIPHERS  # noqa: E402
 
 LEVELS = (1, 8, 32, 64)

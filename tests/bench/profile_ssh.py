@@ -38,7 +38,7 @@ import bench_ssh as b
 from daemon_patches import PATCHED_SERVE, PATCHES
 from sshd import running_sshd
 
-from sshadapter.commands import load_registry
+from sshadapter.registry import load_registry
 
 LOADS = {"big": (64, True), "status1": (1, False), "status32": (32, False)}
 

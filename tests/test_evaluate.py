@@ -10,7 +10,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sshadapter.commands import Registry, load_registry
 from sshadapter.envelope import (
     CODES,
     REQUEST_ID_PATTERN,
@@ -18,7 +17,8 @@ from sshadapter.envelope import (
     failure,
     new_request_id,
 )
-from sshadapter.pipeline import Verdict, evaluate, seal
+from sshadapter.evaluate import Verdict, evaluate, seal
+from sshadapter.registry import Registry, load_registry
 from sshadapter.runners.interface import RunResult
 
 ROOT = Path(__file__).resolve().parents[1]

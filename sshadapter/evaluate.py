@@ -16,8 +16,8 @@ from typing import Any
 
 from sshadapter import envelope
 from sshadapter.checks import run_checks
-from sshadapter.commands import Operation
 from sshadapter.errors import EvidenceError
+from sshadapter.registry import Operation
 from sshadapter.runners.interface import RunResult
 
 log = logging.getLogger(__name__)

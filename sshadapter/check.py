@@ -1,6 +1,6 @@
 """`sshadapter check`: lint everything, run every fixture, derive and run the near-misses.
 
-Offline: fixtures go through the same ``pipeline.evaluate`` as live calls.
+Offline: fixtures go through the same ``evaluate.evaluate`` as live calls.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sshadapter.commands import Operation, Registry
+from sshadapter.evaluate import Verdict, evaluate, seal
 from sshadapter.fixtures import Fixture, load_fixtures
 from sshadapter.nearmiss import derive
-from sshadapter.pipeline import Verdict, evaluate, seal
+from sshadapter.registry import Operation, Registry
 from sshadapter.runners.interface import RunResult
 
 CHECK_REQUEST_ID = "req.check000000"  # envelopes are sealed with this, then it is dropped

@@ -1,0 +1,169 @@
+"""The command-file format: what ``commands/<tool>.toml`` may say, and nothing else.
+
+Reference: docs/command-files.md, which lists every key of every table with its
+type, default and meaning (tests/test_docs.py derives the key list from these
+models, so the two cannot drift apart). Unknown keys are errors; every error
+names the file, the key and the reason.
+
+This module knows the TOML format only. What the keys mean together (argv
+placeholders against parameters, fields against the schema) is checked by
+``registry`` when the file becomes an ``Operation``.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sshadapter.checks import Checks
+from sshadapter.config import Allow
+from sshadapter.errors import ConfigError
+from sshadapter.extract import FieldType
+from sshadapter.strict_json import DEFAULT_MAX_DEPTH, MAX_DEPTH_LIMIT
+
+PARAM_NAME: Final = r"^[a-z][a-z0-9_]{0,62}$"
+
+DEFAULT_TIMEOUT_SECONDS: Final = 10.0  # a status query that takes longer is not a status query
+MAX_TIMEOUT_SECONDS: Final = 600.0
+DEFAULT_MAX_OUTPUT_BYTES: Final = 64 * 1024  # a fact for an agent is small; raise per tool
+MAX_OUTPUT_BYTES: Final = 16 * 1024 * 1024  # hard ceiling: the daemon buffers the output
+DEFAULT_MAX_STDERR_BYTES: Final = 64 * 1024  # stderr is audited, never shown: keep it bounded
+MAX_COMMAND_FILE_BYTES: Final = 256 * 1024
+MAX_RETRY_ATTEMPTS: Final = 5
+EXIT_MEANINGS: Final = ("success", "NOT_FOUND", "UPSTREAM_UNAVAILABLE", "INVALID_RESPONSE")
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=False)
+
+
+class _KeyedError(ValueError):
+    """A cross-key rule broken inside a table: pydantic locates it at the table, this at the key."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(reason)
+        self.key = key
+
+
+class OutputSection(_Table):
+    format: Literal["json", "jsonl", "regex", "lines", "kv"]
+    schema_file: str = Field(alias="schema", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\.json$")
+    max_bytes: Annotated[int, Field(ge=1, le=MAX_OUTPUT_BYTES)] = DEFAULT_MAX_OUTPUT_BYTES
+    max_stderr_bytes: Annotated[int, Field(ge=0, le=MAX_OUTPUT_BYTES)] = DEFAULT_MAX_STDERR_BYTES
+    max_depth: Annotated[int, Field(ge=1, le=MAX_DEPTH_LIMIT)] = DEFAULT_MAX_DEPTH
+    stderr: Literal["ignore", "reject"] = "ignore"
+    exit_codes: dict[str, str] = {"0": "success"}
+    # text extractors
+    pattern: str | None = None
+    header: tuple[str, ...] = ()
+    row: str | None = None
+    shape: Literal["one", "rows"] | None = None
+    max_rows: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    types: dict[str, FieldType] = {}
+    separator: Annotated[str, Field(min_length=1, max_length=8)] | None = None
+    keys: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _keys_fit_format(self) -> OutputSection:
+        allowed = {
+            "json": {"max_depth"},
+            "jsonl": {"max_depth", "max_rows"},
+            "regex": {"pattern", "types"},
+            "lines": {"header", "row", "shape", "max_rows", "types"},
+            "kv": {"separator", "keys", "types"},
+        }[self.format]
+        extractor_keys = {
+            "pattern",
+            "header",
+            "row",
+            "shape",
+            "max_rows",
+            "types",
+            "separator",
+            "keys",
+            "max_depth",
+        }
+        for key in sorted((extractor_keys & self.model_fields_set) - allowed):
+            raise _KeyedError(key, f"does not apply to format {self.format!r}")
+        required = {"regex": ("pattern",), "lines": ("row", "shape"), "kv": ("separator", "keys")}
+        for key in required.get(self.format, ()):
+            if getattr(self, key) is None:
+                raise _KeyedError(key, f"required key is missing for format {self.format!r}")
+        for status, meaning in self.exit_codes.items():
+            if not re.fullmatch(r"0|[1-9][0-9]{0,2}", status) or int(status) > 255:
+                raise _KeyedError(f"exit_codes.{status}", "not an exit status 0-255")
+            if meaning not in EXIT_MEANINGS:
+                raise _KeyedError(
+                    f"exit_codes.{status}", f"{meaning!r} is not one of {', '.join(EXIT_MEANINGS)}"
+                )
+        if "success" not in self.exit_codes.values():
+            raise _KeyedError("exit_codes", "no status means success")
+        return self
+
+
+class AgentSection(_Table):
+    fields: tuple[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")], ...] = Field(
+        min_length=1
+    )
+
+
+class RetrySection(_Table):
+    attempts: Annotated[int, Field(ge=1, le=MAX_RETRY_ATTEMPTS)] = 1
+    budget_seconds: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_SECONDS)] = 30.0
+    on: tuple[Literal["UPSTREAM_UNAVAILABLE", "INVALID_RESPONSE"], ...] = ()
+
+
+class CommandFile(_Table):
+    description: Annotated[str, Field(min_length=1, max_length=500)]
+    version: Annotated[int, Field(ge=1)]
+    host: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")]
+    argv: tuple[Annotated[str, Field(max_length=4096)], ...] = Field(min_length=1, max_length=256)
+    timeout_seconds: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_SECONDS)] = DEFAULT_TIMEOUT_SECONDS
+    idempotent: bool = False
+    allow: Allow | None = None
+    params: dict[Annotated[str, Field(pattern=PARAM_NAME)], dict[str, Any]] = {}
+    output: OutputSection
+    checks: Checks = Checks()
+    agent: AgentSection
+    retry: RetrySection = RetrySection()
+
+    @model_validator(mode="after")
+    def _retries_need_idempotence(self) -> CommandFile:
+        if self.retry.attempts > 1 and self.retry.on and not self.idempotent:
+            raise _KeyedError(
+                "retry", "retrying after the command may have run needs `idempotent = true`"
+            )
+        return self
+
+
+def read_command_file(path: Path) -> tuple[bytes, CommandFile]:
+    """The file's bytes (for its digest) and its parsed contents, or ConfigError."""
+    file = str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(file, "", f"cannot read: {exc.strerror}") from exc
+    if len(raw) > MAX_COMMAND_FILE_BYTES:
+        raise ConfigError(file, "", f"larger than {MAX_COMMAND_FILE_BYTES} bytes")
+    try:
+        spec = CommandFile.model_validate(tomllib.loads(raw.decode("utf-8")))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(file, "", "not UTF-8") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(file, "", f"not valid TOML: {exc}") from exc
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = [str(p) for p in first["loc"]]
+        cause = first.get("ctx", {}).get("error")
+        if isinstance(cause, _KeyedError):
+            loc.append(cause.key)
+        key = ".".join(loc)
+        reason = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
+            first["type"], str(first["msg"]).removeprefix("Value error, ")
+        )
+        raise ConfigError(file, key, reason) from exc
+    return raw, spec
