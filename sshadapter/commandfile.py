@@ -140,15 +140,20 @@ class CommandFile(_Table):
         return self
 
 
-def read_command_file(path: Path) -> tuple[bytes, CommandFile]:
-    """The file's bytes (for its digest) and its parsed contents, or ConfigError."""
-    file = str(path)
+def read_command_bytes(path: Path) -> bytes:
+    """A command file's bytes, or ConfigError."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise ConfigError(file, "", f"cannot read: {exc.strerror}") from exc
+        raise ConfigError(str(path), "", f"cannot read: {exc.strerror}") from exc
     if len(raw) > MAX_COMMAND_FILE_BYTES:
-        raise ConfigError(file, "", f"larger than {MAX_COMMAND_FILE_BYTES} bytes")
+        raise ConfigError(str(path), "", f"larger than {MAX_COMMAND_FILE_BYTES} bytes")
+    return raw
+
+
+def parse_command_file(path: Path, raw: bytes) -> CommandFile:
+    """The parsed contents of the command file ``path`` whose bytes are ``raw``, or ConfigError."""
+    file = str(path)
     try:
         spec = CommandFile.model_validate(tomllib.loads(raw.decode("utf-8")))
     except UnicodeDecodeError as exc:
@@ -166,4 +171,4 @@ def read_command_file(path: Path) -> tuple[bytes, CommandFile]:
             first["type"], str(first["msg"]).removeprefix("Value error, ")
         )
         raise ConfigError(file, key, reason) from exc
-    return raw, spec
+    return spec

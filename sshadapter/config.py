@@ -27,6 +27,13 @@ DEFAULT_MAX_CONCURRENT_CALLS: Final = 32  # ~2 cores share client crypto and ssh
 DEFAULT_MAX_QUEUE: Final = 64  # beyond this a caller waits too long: answer OVERLOADED at once
 DEFAULT_IDLE_TIMEOUT_SECONDS: Final = 60.0  # an idle agent connection is closed after this
 DEFAULT_READ_TIMEOUT_SECONDS: Final = 10.0  # a client that stalls mid-line is dropped
+# A client that does not take its answer is dropped after this: its buffered response is
+# released. Generous: at 1 MB/s a client reads the largest answer (16 MiB) in 17 s.
+DEFAULT_WRITE_TIMEOUT_SECONDS: Final = 30.0
+# Processes that judge outputs over 64 KiB off the event loop (0: judge them in the loop).
+# One, at a lower priority, keeps the loop and its small calls responsive on two cores;
+# each costs ~60 MB of memory.
+DEFAULT_EVALUATION_WORKERS: Final = 1
 DEFAULT_DRAIN_TIMEOUT_SECONDS: Final = 30.0  # SIGTERM waits this long for in-flight calls
 DEFAULT_QUARANTINE_MAX_BYTES: Final = 256 * 1024 * 1024  # rejected outputs kept, oldest removed
 DEFAULT_CONNECT_TIMEOUT_SECONDS: Final = 10.0  # TCP + SSH handshake to one host
@@ -59,7 +66,9 @@ class ServerSection(_Section):
     max_queue: Annotated[int, Field(ge=0)] = DEFAULT_MAX_QUEUE
     idle_timeout_seconds: Annotated[float, Field(gt=0)] = DEFAULT_IDLE_TIMEOUT_SECONDS
     read_timeout_seconds: Annotated[float, Field(gt=0)] = DEFAULT_READ_TIMEOUT_SECONDS
+    write_timeout_seconds: Annotated[float, Field(gt=0)] = DEFAULT_WRITE_TIMEOUT_SECONDS
     drain_timeout_seconds: Annotated[float, Field(gt=0)] = DEFAULT_DRAIN_TIMEOUT_SECONDS
+    evaluation_workers: Annotated[int, Field(ge=0, le=64)] = DEFAULT_EVALUATION_WORKERS
 
 
 class PathsSection(_Section):

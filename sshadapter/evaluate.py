@@ -1,4 +1,4 @@
-"""The call pipeline, stages 6-10 of DESIGN.md "One call, stage by stage".
+"""Judging one attempt's evidence: stages 6-10 of docs/protocol.md "Stages".
 
 ``evaluate`` is everything between "bytes came back" and "the data the agent
 may see". It is pure (no I/O, the clock is an argument), so fixtures run
@@ -12,15 +12,28 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
+
+import orjson
 
 from sshadapter import envelope
 from sshadapter.checks import run_checks
-from sshadapter.errors import EvidenceError
+from sshadapter.errors import EvidenceError, Failure, failure_of
 from sshadapter.registry import Operation
 from sshadapter.runners.interface import RunResult
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """A verdict's envelope, as the response line the agent gets."""
+
+    outcome: str
+    code: str | None
+    """The error code, on failure only."""
+    line: bytes
+    """The envelope's compact JSON and a newline."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +53,8 @@ class Verdict:
     """Free text for the operator: line numbers, validator message. Never for the agent."""
     schema_path: str = ""
     instance_path: str = ""
-
-    @property
-    def outcome(self) -> str:
-        return "success" if self.data is not None else "failure"
+    sealed: Sealed | None = None
+    """Its envelope, when already sealed where it was judged (a worker: see offload)."""
 
     @property
     def rejected(self) -> bool:
@@ -51,14 +62,15 @@ class Verdict:
         return self.code == "INVALID_RESPONSE"
 
     @classmethod
-    def rejection(cls, exc: EvidenceError) -> Verdict:
+    def failed(cls, failure: Failure) -> Verdict:
         return cls(
-            code="INVALID_RESPONSE",
-            stage=exc.stage,
-            reason=exc.reason,
-            detail=exc.detail,
-            schema_path=exc.schema_path,
-            instance_path=exc.instance_path,
+            code=failure.code,
+            retryable=failure.retryable,
+            stage=failure.stage,
+            reason=failure.reason,
+            detail=failure.detail,
+            schema_path=failure.schema_path,
+            instance_path=failure.instance_path,
         )
 
 
@@ -73,10 +85,10 @@ def evaluate(op: Operation, args: Mapping[str, Any], run: RunResult, now: dateti
         run_checks(op.spec.checks, value, args, now)  # 9
         return Verdict(data=project(op, value))  # 10
     except EvidenceError as exc:
-        return Verdict.rejection(exc)
-    except Exception:  # a bug in the daemon, not the remote side's fault
+        return Verdict.failed(failure_of(exc))
+    except Exception as exc:  # a bug in the daemon, not the remote side's fault
         log.exception("internal error evaluating %s", op.name)
-        return Verdict(code="INTERNAL", stage="internal", reason="bug")
+        return Verdict.failed(failure_of(exc))
 
 
 def check_exit_status(op: Operation, run: RunResult) -> Verdict | None:
@@ -122,3 +134,18 @@ def seal(op: Operation, request_id: str, verdict: Verdict) -> dict[str, Any]:
         log.error("envelope for %s does not match its schema", op.name)
         return envelope.failure(op.name, request_id, "INTERNAL")
     return sealed
+
+
+def seal_line(op: Operation, request_id: str, verdict: Verdict) -> Sealed:
+    """``seal``, serialized: the response line (an exact-size copy when it is large)."""
+    if verdict.sealed is not None:
+        return verdict.sealed
+    sealed = seal(op, request_id, verdict)
+    line = orjson.dumps(sealed, option=orjson.OPT_APPEND_NEWLINE)
+    if len(line) > COMPACT_ABOVE_BYTES:  # orjson's buffer is ~4x its output: keep a copy
+        line = memoryview(line).tobytes()
+    failed = sealed["outcome"] == "failure"
+    return Sealed(sealed["outcome"], sealed["error"]["code"] if failed else None, line)
+
+
+COMPACT_ABOVE_BYTES: Final = 64 * 1024  # a line this large may wait for an fsync before it goes

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
 from sshadapter.errors import EvidenceError
+from sshadapter.linear_regex import LinearPattern, group_values
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
 FieldType = Literal["integer", "number", "boolean", "string"]
@@ -24,7 +25,8 @@ FieldType = Literal["integer", "number", "boolean", "string"]
 DEFAULT_MAX_ROWS: Final = 1000  # rows a text table or jsonl stream may have unless declared
 
 # Strict conversions: the whole field must have the shape, no spaces, no '+', no '0x'.
-_INTEGER: Final = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")
+# (The project's own patterns below are deterministic: Python's `re` runs them in linear
+# time. Operator patterns never run on `re`: see linear_regex.)
 _NUMBER: Final = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _INT64: Final = range(-(2**63), 2**63)
 # C0 controls other than tab and newline, DEL, and C1 controls: an ANSI escape or a
@@ -83,17 +85,16 @@ class RegexFormat:
     """One pattern that fullmatches the whole stdout (one trailing newline allowed)."""
 
     max_bytes: int
-    pattern: re.Pattern[str]
+    pattern: LinearPattern
     types: Mapping[str, FieldType]
 
     def parse(self, stdout: bytes) -> Any:
-        text = _decode(stdout, self.max_bytes)
-        if text.endswith("\n"):
-            text = text[:-1]
-        match = self.pattern.fullmatch(text)
-        if match is None:
+        _decode(stdout, self.max_bytes)  # UTF-8, no control characters
+        data = stdout[:-1] if stdout.endswith(b"\n") else stdout
+        fields = self.pattern.groupdict(data)
+        if fields is None:
             raise EvidenceError("extract", "unmatched_line", "output does not match `pattern`")
-        return convert(match.groupdict(), self.types, line=1)
+        return convert(fields, self.types, line=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,25 +102,55 @@ class LinesFormat:
     """Header lines in order, then rows, each line fullmatched."""
 
     max_bytes: int
-    header: Sequence[re.Pattern[str]]
-    row: re.Pattern[str]
+    header: Sequence[LinearPattern]
+    row: LinearPattern
     shape: Literal["one", "rows"]
     max_rows: int
     types: Mapping[str, FieldType]
+    _columns: tuple[tuple[int, str, Converter], ...] = field(init=False, repr=False)
+    """The row's typed groups, (index, name, converter), resolved once per operation."""
+
+    def __post_init__(self) -> None:
+        columns = tuple(
+            (index, name, _CONVERTERS[kind])
+            for index, name in enumerate(self.row.groups)
+            if (kind := self.types.get(name, "string")) != "string"
+        )
+        object.__setattr__(self, "_columns", columns)
 
     def parse(self, stdout: bytes) -> Any:
-        lines = _split_lines(_decode(stdout, self.max_bytes))
+        text = _decode(stdout, self.max_bytes)
+        raw_lines = _split_raw(stdout)
+        # ASCII (almost every table): byte offsets are character offsets, so groups are
+        # sliced from the decoded lines instead of decoded one by one.
+        text_lines: list[str] | list[None] = (
+            _split_lines(text) if text.isascii() else [None] * len(raw_lines)
+        )
         for number, pattern in enumerate(self.header, 1):
-            if number > len(lines) or pattern.fullmatch(lines[number - 1]) is None:
+            if number > len(raw_lines) or not pattern.matches(raw_lines[number - 1]):
                 raise EvidenceError("extract", "missing_header", f"line {number}")
+        first = len(self.header)
+        names, spans_of, columns = self.row.groups, self.row.spans, self._columns
         rows: list[dict[str, Any]] = []
-        for number, line in enumerate(lines[len(self.header) :], len(self.header) + 1):
-            match = self.row.fullmatch(line)
-            if match is None:
+        for number in range(first + 1, len(raw_lines) + 1):
+            data = raw_lines[number - 1]
+            spans = spans_of(data)
+            if spans is None:
                 raise EvidenceError("extract", "unmatched_line", f"line {number}")
             if len(rows) == self.max_rows:
                 raise EvidenceError("extract", "too_many_rows", f"line {number}")
-            rows.append(convert(match.groupdict(), self.types, line=number))
+            values: list[Any] = group_values(spans, data, text_lines[number - 1])
+            for index, name, converter in columns:
+                raw = values[index]
+                if raw is not None:
+                    try:
+                        values[index] = converter(raw)
+                    except ValueError as exc:
+                        kind = self.types[name]
+                        raise EvidenceError(
+                            "extract", "bad_type", f"line {number}: {name}: not {kind}"
+                        ) from exc
+            rows.append(dict(zip(names, values, strict=True)))
         if self.shape == "rows":
             return {"rows": rows}
         if not rows:
@@ -171,9 +202,18 @@ def convert(
 
 
 def _to_integer(raw: str) -> int:
-    if _INTEGER.fullmatch(raw) is None or int(raw) not in _INT64:
+    """``-?(0|[1-9][0-9]*)`` within 64 bits: no sign, spaces, underscores or other digits."""
+    digits = raw[1:] if raw.startswith("-") else raw
+    if (
+        not (digits.isascii() and digits.isdigit())  # isdigit alone admits "²" and "٣"
+        or (digits[0] == "0" and len(digits) > 1)
+        or len(digits) > 19
+    ):
         raise ValueError(raw)
-    return int(raw)
+    value = int(digits) if digits is raw else -int(digits)
+    if value not in _INT64:
+        raise ValueError(raw)
+    return value
 
 
 def _to_number(raw: str) -> float:
@@ -188,7 +228,12 @@ def _to_boolean(raw: str) -> bool:
     return raw == "true"
 
 
-_CONVERTERS: Final = {"integer": _to_integer, "number": _to_number, "boolean": _to_boolean}
+Converter = Callable[[str], Any]
+_CONVERTERS: Final[dict[str, Converter]] = {
+    "integer": _to_integer,
+    "number": _to_number,
+    "boolean": _to_boolean,
+}
 
 
 def _decode(stdout: bytes, max_bytes: int, *, allow_control: bool = False) -> str:
@@ -204,6 +249,13 @@ def _decode(stdout: bytes, max_bytes: int, *, allow_control: bool = False) -> st
         line = text.count("\n", 0, found.start()) + 1
         raise EvidenceError("extract", "control_character", f"line {line}")
     return text
+
+
+def _split_raw(stdout: bytes) -> list[bytes]:
+    """``_split_lines`` on the raw bytes (the same lines: UTF-8 never hides a newline)."""
+    if stdout.endswith(b"\n"):
+        stdout = stdout[:-1]
+    return stdout.split(b"\n")
 
 
 def _split_lines(text: str) -> list[str]:

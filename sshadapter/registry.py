@@ -10,15 +10,16 @@ first bad file raises ConfigError naming the file, the key and the reason.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from sshadapter import envelope
 from sshadapter.argv import ArgvTemplate, parse_template
-from sshadapter.commandfile import CommandFile, read_command_file
+from sshadapter.commandfile import CommandFile, parse_command_file, read_command_bytes
 from sshadapter.errors import ConfigError, EvidenceError, RequestError
 from sshadapter.extract import (
     DEFAULT_MAX_ROWS,
@@ -29,7 +30,19 @@ from sshadapter.extract import (
     OutputFormat,
     RegexFormat,
 )
-from sshadapter.schemas import DRAFT_2020_12, LoadedSchema, SchemaSet, Validator
+from sshadapter.linear_regex import LinearPattern, LinearRegexError, compile_linear
+from sshadapter.schemas import (
+    DRAFT_2020_12,
+    LoadedSchema,
+    SchemaSet,
+    Validator,
+    pattern_refusal,
+    read_schema_files,
+)
+
+# The parser and constants of `re` itself (see admits_nul); untyped private modules.
+_sre_parser: Any = importlib.import_module("re._parser")
+_sre_constants: Any = importlib.import_module("re._constants")
 
 TOOL_NAME: Final = re.compile(r"[a-z][a-z0-9_]{1,62}")
 RESERVED_TOOL: Final = "sshadapter"  # answers requests that name no known tool
@@ -57,6 +70,8 @@ class Operation:
     """The published schema, in full: tests and `sshadapter check`."""
     envelope_guard: Validator
     """The same minus re-validating data values: every response (see envelope_guard_schema)."""
+    warnings: tuple[tuple[str, str], ...] = ()
+    """(key, text) an operator should read: `sshadapter check` prints them, loads log them."""
 
     def command(self, args: Mapping[str, Any]) -> str:
         """The exact remote command string: every element shell-quoted once."""
@@ -76,11 +91,44 @@ class Operation:
 
 
 @dataclass(frozen=True)
+class RegistrySource:
+    """The bytes a registry is built from, read once: the same bytes build the same registry
+    anywhere (the evaluation workers build theirs from it)."""
+
+    commands_dir: Path
+    schemas_dir: Path
+    commands: Mapping[str, bytes]
+    """`<tool>.toml` -> bytes."""
+    schemas: Mapping[str, bytes]
+    """`<name>.json` -> bytes."""
+
+    @classmethod
+    def read(cls, commands_dir: Path, schemas_dir: Path) -> RegistrySource:
+        if not commands_dir.is_dir():
+            raise ConfigError(str(commands_dir), "", "commands directory does not exist")
+        commands = {p.name: read_command_bytes(p) for p in sorted(commands_dir.glob("*.toml"))}
+        return cls(commands_dir, schemas_dir, commands, read_schema_files(schemas_dir))
+
+    @property
+    def digest(self) -> str:
+        """sha256 over every file name and content: changes whenever any file does."""
+        h = hashlib.sha256()
+        for kind, files in (("commands", self.commands), ("schemas", self.schemas)):
+            for name, raw in sorted(files.items()):
+                h.update(f"{kind}/{name}\0{len(raw)}\0".encode())
+                h.update(raw)
+        return h.hexdigest()
+
+
+@dataclass(frozen=True)
 class Registry:
     """Every operation of a commands directory, with the schemas they use."""
 
     operations: Mapping[str, Operation]
     schemas: SchemaSet
+    source: RegistrySource
+    digest: str
+    """``source.digest``: tells one loaded set from another (reloads, workers, `list`)."""
 
     def get(self, name: str) -> Operation | None:
         return self.operations.get(name)
@@ -90,24 +138,32 @@ def load_registry(
     commands_dir: Path, schemas_dir: Path, *, hosts: Collection[str] | None
 ) -> Registry:
     """Load a whole directory or raise ConfigError; ``hosts=None`` skips the host check."""
-    if not commands_dir.is_dir():
-        raise ConfigError(str(commands_dir), "", "commands directory does not exist")
-    schemas = SchemaSet(schemas_dir)
+    return build_registry(RegistrySource.read(commands_dir, schemas_dir), hosts=hosts)
+
+
+def build_registry(source: RegistrySource, *, hosts: Collection[str] | None) -> Registry:
+    """The registry of ``source``, or ConfigError naming the first bad file."""
+    schemas = SchemaSet(source.schemas_dir, source.schemas)
     operations = {}
-    for path in sorted(commands_dir.glob("*.toml")):
-        operation = load_operation(path, schemas, hosts=hosts)
+    for name, raw in sorted(source.commands.items()):
+        operation = load_operation(source.commands_dir / name, schemas, hosts=hosts, raw=raw)
         operations[operation.name] = operation
-    return Registry(operations, schemas)
+    return Registry(operations, schemas, source, source.digest)
 
 
-def load_operation(path: Path, schemas: SchemaSet, *, hosts: Collection[str] | None) -> Operation:
+def load_operation(
+    path: Path, schemas: SchemaSet, *, hosts: Collection[str] | None, raw: bytes | None = None
+) -> Operation:
+    """One command file (``raw``: its bytes, when already read) as an Operation."""
     file = str(path)
     name = path.stem
     if not TOOL_NAME.fullmatch(name):
         raise ConfigError(file, "", f"tool name {name!r} must match ^[a-z][a-z0-9_]{{1,62}}$")
     if name == RESERVED_TOOL:
         raise ConfigError(file, "", f"{RESERVED_TOOL!r} is reserved")
-    raw, spec = read_command_file(path)
+    if raw is None:
+        raw = read_command_bytes(path)
+    spec = parse_command_file(path, raw)
     if hosts is not None and spec.host not in hosts:
         raise ConfigError(file, "host", f"no [hosts.{spec.host}] in the configuration")
     argv = parse_template(file, spec.argv)
@@ -137,6 +193,7 @@ def load_operation(path: Path, schemas: SchemaSet, *, hosts: Collection[str] | N
         envelope_schema=env_schema,
         envelope_validator=schemas.compile(env_schema, file=file),
         envelope_guard=schemas.compile(envelope.envelope_guard_schema(env_schema), file=file),
+        warnings=tuple(_param_warnings(spec)),
     )
 
 
@@ -185,6 +242,9 @@ def _params_schema(file: str, spec: CommandFile) -> dict[str, Any]:
             )
         if kind == "integer" and ("minimum" not in param or "maximum" not in param):
             raise ConfigError(file, key, "integer parameter needs `minimum` and `maximum`")
+        pattern = param.get("pattern")
+        if isinstance(pattern, str) and (refused := pattern_refusal(pattern)):
+            raise ConfigError(file, f"{key}.pattern", refused)
     return {
         "$schema": DRAFT_2020_12,
         "type": "object",
@@ -192,6 +252,76 @@ def _params_schema(file: str, spec: CommandFile) -> dict[str, Any]:
         "required": sorted(spec.params),
         "additionalProperties": False,
     }
+
+
+def _param_warnings(spec: CommandFile) -> Iterator[tuple[str, str]]:
+    """Parameters whose schema admits a NUL byte, which is refused at every call anyway."""
+    for name, param in spec.params.items():
+        pattern = param.get("pattern")
+        values = [*param.get("enum", ()), param.get("const", "")]
+        if (isinstance(pattern, str) and admits_nul(pattern)) or any(
+            isinstance(v, str) and "\x00" in v for v in values
+        ):
+            yield (
+                f"params.{name}",
+                "admits a NUL byte, which no remote command can receive: every call with one "
+                "is refused (INVALID_REQUEST, unsendable_argument); say what you mean, e.g. "
+                "[^\\x00] or an explicit class instead of `.`",
+            )
+
+
+def admits_nul(pattern: str) -> bool:
+    """Whether some atom of ``pattern`` can match NUL (a warning's heuristic, not a proof).
+
+    Reads the pattern with Python's own regex parser, whose syntax covers what the
+    linear engines accept; a pattern it cannot read is not warned about.
+    """
+    try:
+        parsed = _sre_parser.parse(pattern)
+    except (re.error, RecursionError):
+        return False
+    return _nul_in(parsed)
+
+
+def _nul_in(items: Any) -> bool:
+    c = _sre_constants
+    for op, av in items:
+        if op is c.ANY or (op is c.LITERAL and av == 0) or (op is c.NOT_LITERAL and av != 0):
+            return True
+        if op is c.IN and _class_has_nul(av):
+            return True
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT) and av[1] > 0:
+            if _nul_in(av[2]):
+                return True
+        elif (
+            (op is c.SUBPATTERN and _nul_in(av[3]))
+            or (op is c.BRANCH and any(_nul_in(branch) for branch in av[1]))
+            or (op is c.ATOMIC_GROUP and _nul_in(av))
+        ):
+            return True
+    return False
+
+
+def _class_has_nul(items: Any) -> bool:
+    c = _sre_constants
+    negate = bool(items) and items[0][0] is c.NEGATE
+    covered = False
+    for op, av in items[1:] if negate else items:
+        if (
+            (op is c.LITERAL and av == 0)
+            or (op is c.RANGE and av[0] == 0)
+            or (
+                op is c.CATEGORY
+                and av
+                in (
+                    c.CATEGORY_NOT_DIGIT,
+                    c.CATEGORY_NOT_SPACE,
+                    c.CATEGORY_NOT_WORD,
+                )
+            )
+        ):
+            covered = True
+    return covered != negate
 
 
 def _check_fields(file: str, spec: CommandFile, schema: LoadedSchema) -> None:
@@ -214,12 +344,16 @@ def _check_fields(file: str, spec: CommandFile, schema: LoadedSchema) -> None:
 def _build_parser(file: str, spec: CommandFile) -> OutputFormat:
     out = spec.output
 
-    def compile_(key: str, pattern: str) -> re.Pattern[str]:
+    def compile_(key: str, pattern: str) -> LinearPattern:
         try:
-            return re.compile(pattern)
-        except re.error as exc:
+            return compile_linear(pattern)
+        except LinearRegexError as exc:
             raise ConfigError(
-                file, f"output.{key}", f"not a valid regular expression: {exc}"
+                file,
+                f"output.{key}",
+                f"not a valid regular expression for the linear-time engine (RE2): {exc} "
+                "(it has no lookaround, backreferences, possessive or atomic groups; "
+                "write \\Z as \\z)",
             ) from exc
 
     def check_types(groups: Collection[str]) -> None:
@@ -234,12 +368,12 @@ def _build_parser(file: str, spec: CommandFile) -> OutputFormat:
     if out.format == "regex":
         assert out.pattern is not None  # guaranteed by OutputSection
         pattern = compile_("pattern", out.pattern)
-        check_types(pattern.groupindex)
+        check_types(pattern.groups)
         return RegexFormat(out.max_bytes, pattern, out.types)
     if out.format == "lines":
         assert out.row is not None and out.shape is not None  # by OutputSection
         row = compile_("row", out.row)
-        check_types(row.groupindex)
+        check_types(row.groups)
         header = tuple(compile_(f"header[{i}]", h) for i, h in enumerate(out.header))
         max_rows = out.max_rows or (1 if out.shape == "one" else DEFAULT_MAX_ROWS)
         return LinesFormat(out.max_bytes, header, row, out.shape, max_rows, out.types)

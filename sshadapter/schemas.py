@@ -27,6 +27,7 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from sshadapter.errors import ConfigError, EvidenceError
+from sshadapter.linear_regex import LinearRegexError, compile_linear
 from sshadapter.rfc3339 import is_date_time
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
@@ -34,6 +35,9 @@ DRAFT_2020_12: Final = "https://json-schema.org/draft/2020-12/schema"
 BASE_URI: Final = "https://sshadapter.invalid/schemas/"  # .invalid: never resolvable (RFC 2606)
 MAX_SCHEMA_BYTES: Final = 1024 * 1024  # a schema is written by hand; a larger file is a mistake
 MAX_SCHEMA_DEPTH: Final = 64  # nesting of a hand-written schema document
+# `pattern` and `patternProperties` run on untrusted values: the Rust `regex` engine
+# (linear time), never jsonschema-rs's default fancy-regex, which backtracks.
+PATTERN_OPTIONS: Final = jsonschema_rs.RegexOptions()
 
 
 # jsonschema's own date-time check (rfc3339-validator) refuses every leap second, which
@@ -64,17 +68,19 @@ class LoadedSchema:
 class SchemaSet:
     """All schemas of one directory, loaded whole or not at all."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, files: Mapping[str, bytes] | None = None) -> None:
+        """Load ``directory``, or ``files`` (name -> bytes) read from it earlier."""
         self.directory = directory
         self.schemas: dict[str, LoadedSchema] = {}
-        for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
-            loaded = _load_file(path)
+        if files is None:
+            files = read_schema_files(directory)
+        for name, raw in sorted(files.items()):
+            path = directory / name
+            loaded = _load_file(path, raw)
             for other in self.schemas.values():  # else a $ref to that URI means either file
                 if other.uri.removesuffix("#") == loaded.uri.removesuffix("#"):
                     raise ConfigError(str(path), "$id", f"{loaded.uri} is also {other.name}'s URI")
             self.schemas[loaded.name] = loaded
-        if not directory.is_dir():
-            raise ConfigError(str(directory), "", "schemas directory does not exist")
         resources: list[tuple[str, Any]] = [(s.uri, s.contents) for s in self.schemas.values()]
         try:  # the registry resolves every $ref of every file now, through _refuse_retrieval
             self._rs_registry = jsonschema_rs.Registry(resources, retriever=_refuse_retrieval)
@@ -101,6 +107,7 @@ class SchemaSet:
                 dict(schema),
                 validate_formats=True,
                 ignore_unknown_formats=False,
+                pattern_options=PATTERN_OPTIONS,
                 registry=self._rs_registry,
                 retriever=_refuse_retrieval,
                 base_uri=base_uri,
@@ -141,12 +148,23 @@ class Validator:
             ) from exc
 
 
-def _load_file(path: Path) -> LoadedSchema:
+def read_schema_files(directory: Path) -> dict[str, bytes]:
+    """Every ``*.json`` of ``directory``, name -> bytes, or ConfigError."""
+    if not directory.is_dir():
+        raise ConfigError(str(directory), "", "schemas directory does not exist")
+    files = {}
+    for path in sorted(directory.glob("*.json")):
+        try:
+            files[path.name] = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(str(path), "", f"cannot read: {exc.strerror}") from exc
+        if len(files[path.name]) > MAX_SCHEMA_BYTES:
+            raise ConfigError(str(path), "", f"larger than {MAX_SCHEMA_BYTES} bytes")
+    return files
+
+
+def _load_file(path: Path, raw: bytes) -> LoadedSchema:
     file = str(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(file, "", f"cannot read: {exc.strerror}") from exc
     try:
         contents = strict_loads(raw, max_bytes=MAX_SCHEMA_BYTES, max_depth=MAX_SCHEMA_DEPTH)
     except StrictJSONError as exc:
@@ -164,6 +182,8 @@ def _load_file(path: Path) -> LoadedSchema:
         key = _pointer(error.absolute_path) or "/"
         raise ConfigError(file, key, f"not a valid Draft 2020-12 schema: {error.message}")
     for pointer, reason in lint(contents):
+        raise ConfigError(file, pointer, reason)
+    for pointer, reason in nonlinear_patterns(contents):
         raise ConfigError(file, pointer, reason)
     uri = contents.get("$id", BASE_URI + path.name)
     return LoadedSchema(path.name, uri, contents, hashlib.sha256(raw).hexdigest())
@@ -241,6 +261,47 @@ def lint(
     for key in _MAP:
         for name, sub in schema.get(key, {}).items():
             yield from lint(sub, f"{pointer}/{key}/{_escape(name)}")
+
+
+def nonlinear_patterns(schema: Any, pointer: str = "") -> Iterator[tuple[str, str]]:
+    """Yield (JSON pointer, reason) for every pattern the linear-time engine refuses."""
+    if isinstance(schema, list):
+        for index, item in enumerate(schema):
+            yield from nonlinear_patterns(item, f"{pointer}/{index}")
+        return
+    if not isinstance(schema, dict):
+        return
+    for key, value in schema.items():
+        at = f"{pointer}/{_escape(key)}"
+        if key == "pattern" and isinstance(value, str):
+            patterns = [(at, value)]
+        elif key == "patternProperties" and isinstance(value, dict):
+            patterns = [(f"{at}/{_escape(name)}", name) for name in value]
+        else:
+            patterns = []
+        for where, pattern in patterns:
+            reason = pattern_refusal(pattern)
+            if reason:
+                yield where, reason
+        if key not in ("enum", "const", "examples", "default"):  # values, not subschemas
+            yield from nonlinear_patterns(value, at)
+
+
+def pattern_refusal(pattern: str) -> str | None:
+    """Why the linear-time engine refuses ``pattern`` (RE2's words when it has some), or None."""
+    try:
+        jsonschema_rs.Draft202012Validator({"pattern": pattern}, pattern_options=PATTERN_OPTIONS)
+    except (jsonschema_rs.ValidationError, ValueError):
+        try:
+            compile_linear(pattern)
+            why = "not valid for the Rust regex engine"
+        except LinearRegexError as exc:
+            why = str(exc)
+        return (
+            f"pattern {pattern!r} is not one the linear-time engine accepts: {why} "
+            "(no lookaround or backreferences)"
+        )
+    return None
 
 
 def _closes(schema: Mapping[str, Any]) -> bool:

@@ -12,7 +12,6 @@ from typing import Any
 
 import orjson
 
-from sshadapter.audit import AuditLog
 from sshadapter.config import (
     Allow,
     AuditSection,
@@ -21,9 +20,8 @@ from sshadapter.config import (
     PathsSection,
     ServerSection,
 )
-from sshadapter.daemon import Daemon, bind_socket
-from sshadapter.quarantine import Quarantine
-from sshadapter.registry import load_registry
+from sshadapter.daemon import Daemon, assemble, bind_socket
+from sshadapter.offload import Judge
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 from sshadapter.service import Service
@@ -54,7 +52,7 @@ class Running:
 
     async def ask(self, message: Mapping[str, Any] | bytes) -> Any:
         """One request on a fresh connection."""
-        reader, writer = await asyncio.open_unix_connection(str(self.path))
+        reader, writer = await asyncio.open_unix_connection(str(self.path), limit=32 << 20)
         try:
             line = message if isinstance(message, bytes) else orjson.dumps(message) + b"\n"
             writer.write(line)
@@ -94,6 +92,8 @@ def with_daemon(
     quarantine: bool = False,
     socket_mode: int = 0o600,
     socket_dir: Path | None = None,
+    audit_path: Path | None = None,
+    judge: Judge | None = None,
     **server: Any,
 ) -> None:
     """Start a daemon, run ``body`` against it, stop it (draining), all in one event loop."""
@@ -102,11 +102,20 @@ def with_daemon(
 
     async def main() -> None:
         socket_path = (socket_dir or tmp_path) / "sshadapter.sock"
-        audit_path = tmp_path / "audit.jsonl"
+        audit_file = audit_path or tmp_path / "audit.jsonl"
         config = Config(
-            server=ServerSection(socket_path=socket_path, **server),
+            server=ServerSection(
+                socket_path=socket_path,
+                allow=allow or Allow(uids=(os.getuid(),)),
+                **{"evaluation_workers": 0, **server},  # in the loop unless a test asks
+            ),
             paths=PathsSection(commands=commands, schemas=schemas),
-            audit=AuditSection(path=audit_path, fsync="never"),
+            audit=AuditSection(
+                path=audit_file,
+                fsync="never",
+                quarantine_dir=tmp_path / "quarantine",
+                quarantine_max_bytes=1024 * 1024 if quarantine else 0,
+            ),
             hosts=dict(
                 hosts
                 or {
@@ -117,31 +126,12 @@ def with_daemon(
                 }
             ),
         )
-        registry = load_registry(commands, schemas, hosts=config.hosts.keys())
-        audit = AuditLog(audit_path, fsync="never")
-        audit.open()
-        use_runner = runner or job_runner()
-        kept = None
-        if quarantine:
-            kept = Quarantine(tmp_path / "quarantine", 1024 * 1024)
-            kept.open()
-        service = Service(
-            registry,
-            use_runner,
-            audit,
-            quarantine=kept,
-            default_allow=allow or Allow(uids=(os.getuid(),)),
-            max_request_bytes=config.server.max_request_bytes,
-            max_concurrent_calls=config.server.max_concurrent_calls,
-            max_queue=config.server.max_queue,
-            clock=lambda: NOW,
-        )
-        daemon = Daemon(config, service, use_runner, audit)
+        daemon = assemble(config, runner=runner or job_runner(), clock=lambda: NOW, judge=judge)
         sock = bind_socket(socket_path, socket_mode, "")
         task = asyncio.create_task(daemon.serve(sock))
         await asyncio.sleep(0)
         try:
-            await body(Running(socket_path, daemon, service, audit_path))
+            await body(Running(socket_path, daemon, daemon.service, audit_file))
         finally:
             daemon.stop()
             await asyncio.wait_for(task, 30)

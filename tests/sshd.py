@@ -14,6 +14,8 @@ loop for what sshd cannot do on demand; the command string picks the behaviour:
     flood-stdout N       write N bytes of stdout in chunks, honouring flow control
     flood-stderr N       the same on stderr
     echo WORDS...        print WORDS and a newline, exit 0
+    sleep S WORDS...     wait S seconds, then echo WORDS
+    blob N               print a JSON object {"blob": "yyy..."} of exactly N bytes, exit 0
     exit N               exit with status N
 
 Neither needs pytest-asyncio: the servers live outside the test's event loop.
@@ -388,6 +390,11 @@ class FaultServer:
                 await self._flood(stream, int(args[0]))
             elif verb == "echo":
                 process.stdout.write(" ".join(args).encode() + b"\n")
+            elif verb == "sleep":
+                await asyncio.sleep(float(args[0]))
+                process.stdout.write(" ".join(args[1:]).encode() + b"\n")
+            elif verb == "blob":
+                await self._blob(process.stdout, int(args[0]))
             elif verb == "exit":
                 status = int(args[0])
             else:
@@ -397,6 +404,12 @@ class FaultServer:
             pass  # the client went away, which is the point of most of these cases
         with contextlib.suppress(OSError, asyncssh.Error):
             process.exit(status)
+
+    async def _blob(self, stream: asyncssh.SSHWriter[bytes], total: int) -> None:
+        """A JSON object ``{"blob": "yyy..."}`` of exactly ``total`` bytes (total >= 12)."""
+        stream.write(b'{"blob":"')
+        await self._flood(stream, total - 12)
+        stream.write(b'"}\n')
 
     async def _flood(self, stream: asyncssh.SSHWriter[bytes], total: int) -> None:
         chunk = b"y" * FLOOD_CHUNK_BYTES

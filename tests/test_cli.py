@@ -213,3 +213,71 @@ def test_no_subcommand_exits_2() -> None:
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr.startswith("usage: sshadapter")
+
+
+def serve_config(tmp_path: Path, **paths: Path) -> Path:
+    """A config for `serve` whose audit, quarantine and socket paths a test chooses."""
+    audit = paths.get("audit", tmp_path / "log" / "audit.jsonl")
+    quarantine = paths.get("quarantine", tmp_path / "quarantine")
+    sock = paths.get("socket", tmp_path / "run" / "sshadapter.sock")
+    config = tmp_path / "config.toml"
+    config.write_text(f"""\
+[server]
+socket_path = "{sock}"
+evaluation_workers = 0
+[paths]
+commands = "{REPO / "commands"}"
+schemas = "{REPO / "schemas"}"
+[audit]
+path = "{audit}"
+quarantine_dir = "{quarantine}"
+[hosts.ci]
+address = "127.0.0.1"
+user = "nobody"
+known_hosts = "{tmp_path / "known_hosts"}"
+[hosts.local]
+address = "127.0.0.1"
+user = "nobody"
+known_hosts = "{tmp_path / "known_hosts"}"
+""")
+    return config
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "audit_symlink",
+        "quarantine_file",
+        "socket_dir_symlink",
+        "audit_dir_uncreatable",
+        "audit_mode",
+    ],
+)
+def test_serve_start_up_errors_are_one_line_and_exit_2(tmp_path: Path, case: str) -> None:
+    """A path `serve` cannot use: one line naming the path and the reason, exit 2, no traceback."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if case == "audit_symlink":
+        (tmp_path / "log").mkdir()
+        (tmp_path / "log" / "audit.jsonl").symlink_to(elsewhere / "audit.jsonl")
+        config, named = serve_config(tmp_path), tmp_path / "log" / "audit.jsonl"
+    elif case == "quarantine_file":
+        (tmp_path / "quarantine").write_text("not a directory")
+        config, named = serve_config(tmp_path), tmp_path / "quarantine"
+    elif case == "socket_dir_symlink":
+        (tmp_path / "run").symlink_to(elsewhere)
+        config, named = serve_config(tmp_path), tmp_path / "run"
+    elif case == "audit_dir_uncreatable":
+        (tmp_path / "file").write_text("")
+        named = tmp_path / "file" / "log"
+        config = serve_config(tmp_path, audit=named / "audit.jsonl")
+    else:
+        (tmp_path / "log").mkdir()
+        (tmp_path / "log" / "audit.jsonl").write_text("")
+        (tmp_path / "log" / "audit.jsonl").chmod(0o644)
+        config, named = serve_config(tmp_path), tmp_path / "log" / "audit.jsonl"
+    done = run_cli("serve", "--config", str(config))
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("sshadapter: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"sshadapter: {named}: "), done.stderr

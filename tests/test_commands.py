@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sshadapter.argv import MAX_COMMAND_BYTES
 from sshadapter.errors import ConfigError, RequestError
 from sshadapter.registry import Operation, Registry, load_registry
 from sshadapter.schemas import DRAFT_2020_12
@@ -440,12 +441,31 @@ def test_hostile_argument_is_one_inert_word(template: Operation, hostile: str) -
     assert shlex.split(template.command(a)) == filled(a)
 
 
-@given(st.text(max_size=200))
+@given(st.text(st.characters(blacklist_characters="\x00"), max_size=200))
 def test_any_text_round_trips_through_the_shell_quoting(template: Operation, text: str) -> None:
-    """For any text the permissive pattern admits, shlex.split gives back the filled argv."""
+    """For any text the permissive pattern admits but NUL, shlex.split gives back the argv."""
     a = args(text=text)
     template.check_args(a)
     assert shlex.split(template.command(a)) == filled(a)
+
+
+@given(st.text(max_size=20), st.text(max_size=20))
+def test_a_nul_byte_is_refused_whatever_the_pattern(template: Operation, a: str, b: str) -> None:
+    """NUL passes the permissive pattern but never reaches a command: unsendable_argument."""
+    call = args(text=f"{a}\x00{b}")
+    template.check_args(call)
+    with pytest.raises(RequestError) as refused:
+        template.command(call)
+    assert refused.value.reason == "unsendable_argument"
+    assert "text" in refused.value.detail
+
+
+def test_a_command_over_the_limit_is_refused(template: Operation) -> None:
+    """An argument that makes the command longer than MAX_COMMAND_BYTES: command_too_long."""
+    call = args(text="é" * (MAX_COMMAND_BYTES // 2))
+    with pytest.raises(RequestError) as refused:
+        template.command(call)
+    assert refused.value.reason == "command_too_long"
 
 
 def test_integral_float_is_written_as_an_integer(template: Operation) -> None:

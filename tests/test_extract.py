@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from sshadapter.errors import EvidenceError
 from sshadapter.extract import JsonlFormat, KvFormat, LinesFormat, RegexFormat, convert
+from sshadapter.linear_regex import compile_linear
 
-DF_HEADER = re.compile(r"^Filesystem +1024-blocks +Used +Available +Capacity +Mounted on$")
-DF_ROW = re.compile(
+DF_HEADER = compile_linear(r"^Filesystem +1024-blocks +Used +Available +Capacity +Mounted on$")
+DF_ROW = compile_linear(
     r"^(?P<filesystem>\S+) +(?P<size_kb>[0-9]+) +(?P<used_kb>[0-9]+) +(?P<available_kb>[0-9]+)"
     r" +(?P<capacity_pct>[0-9]{1,3})% +(?P<mounted_on>/\S*)$"
 )
@@ -19,7 +18,7 @@ DF_OUT = (
     b"Filesystem     1024-blocks     Used Available Capacity Mounted on\n"
     b"/dev/vda         264212084 22831984  83558928      22% /\n"
 )
-LOADAVG = re.compile(
+LOADAVG = compile_linear(
     r"^(?P<load1>[0-9]+\.[0-9]+) (?P<load5>[0-9]+\.[0-9]+) (?P<load15>[0-9]+\.[0-9]+)"
     r" (?P<running>[0-9]+)/(?P<total>[0-9]+) (?P<last_pid>[0-9]+)$"
 )

@@ -54,7 +54,7 @@ def test_unknown_tool_names_do_not_grow_the_series(tmp_path: Path) -> None:
 
 
 def test_counters_after_accepted_and_rejected_calls_pass_promtool(tmp_path: Path) -> None:
-    """Two accepted calls, one schema rejection, one denial: counts are exact, promtool is happy."""
+    """Two accepted calls, a schema rejection, a denial: exact counts; a denial is no rejection."""
     answers = [RunResult(b'{"project_id": "bluebird", "state": {"value": "x"}}', b"", 0)]
 
     async def next_answer() -> RunResult:
@@ -71,13 +71,13 @@ def test_counters_after_accepted_and_rejected_calls_pass_promtool(tmp_path: Path
             'tool="job_run_status"} 1.0',
             'sshadapter_rejections_total{reason="schema_mismatch",stage="schema",'
             'tool="job_run_status"} 1.0',
-            'sshadapter_rejections_total{reason="not_allowed",stage="authorize",'
-            'tool="review_status"} 1.0',
+            'sshadapter_calls_total{code="DENIED",outcome="failure",tool="review_status"} 1.0',
             'sshadapter_call_duration_seconds_count{tool="job_run_status"} 3.0',
             'sshadapter_output_bytes_count{tool="job_run_status"} 3.0',
             'sshadapter_build_info{version="0.1.0"} 1.0',
         ]:
             assert line in text, line
+        assert 'stage="authorize"' not in text  # an answer, not bad evidence
         checked = subprocess.run(
             [promtool(), "check", "metrics"], input=text, text=True, capture_output=True, timeout=30
         )
