@@ -85,12 +85,18 @@ def _ci_answer(argv: list[str]) -> tuple[bytes, int]:
     return b"", 127
 
 
+def _program(argv: list[str]) -> str | None:
+    """The program an argv runs: past `env` and its NAME=value words (disk_usage pins LC_ALL)."""
+    words = argv[1:] if argv[:1] == ["env"] else argv
+    return next((word for word in words if "=" not in word), None)
+
+
 async def _serve_process(process: asyncssh.SSHServerProcess[bytes]) -> None:
     """Run one command: `local` ones for real (no shell), `ci` ones from the script above."""
     argv = shlex.split(process.command or "")
     status = 127
     try:
-        if argv and argv[0] in LOCAL_COMMANDS:
+        if _program(argv) in LOCAL_COMMANDS:
             child = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -140,7 +146,7 @@ async def _start_target(workdir: Path) -> tuple[asyncssh.SSHAcceptor, int, Path,
 
 CALLS: Final[list[tuple[str, str, dict[str, Any]]]] = [
     ("real /proc/loadavg, read by a regex extractor", "load_average", {}),
-    ("real df -P -k /, every line accounted for", "disk_usage", {"path": "/"}),
+    ("real df -P -k / in the C locale, every line accounted for", "disk_usage", {"path": "/"}),
     ("real findmnt -J, the tool's own JSON", "mount_info", {"target": "/"}),
     (
         "systemctl show: a declared failure where no systemd runs",

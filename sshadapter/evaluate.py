@@ -101,16 +101,19 @@ def check_exit_status(op: Operation, run: RunResult) -> Verdict | None:
         raise EvidenceError("parse", "too_large", f"stdout over {op.spec.output.max_bytes} bytes")
     if len(run.stderr) > op.spec.output.max_stderr_bytes:
         raise EvidenceError("parse", "stderr_too_large", f"over {op.spec.output.max_stderr_bytes}")
-    meaning = op.exit_meaning(run.exit_status)
-    if meaning is None:
+    found = op.exit_meaning(run.exit_status, run.stderr)
+    if found is None:
         raise EvidenceError("exit", "undeclared_exit_status", f"exit status {run.exit_status}")
+    meaning, because = found
     if meaning != "success":
+        # A declared INVALID_RESPONSE (a stderr case's `otherwise`, typically) is a
+        # rejection like any other: the service quarantines its bytes.
         return Verdict(
             code=meaning,
             retryable=envelope.CODES[meaning],
             stage="exit",
             reason="declared_exit_status",
-            detail=f"exit status {run.exit_status} = {meaning}",
+            detail=f"exit status {run.exit_status}{f', {because}' if because else ''} = {meaning}",
         )
     if op.spec.output.stderr == "reject" and run.stderr:
         raise EvidenceError("parse", "stderr_not_empty", f"{len(run.stderr)} bytes on stderr")

@@ -160,19 +160,23 @@ class LinesFormat:
 
 @dataclass(frozen=True, slots=True)
 class KvFormat:
-    """``key<separator>value`` lines: every declared key exactly once, no other line."""
+    """``key<separator>value`` lines: every key exactly once, each optional key at most once,
+    no other line. An absent optional key is an absent field (never null): the schema decides."""
 
     max_bytes: int
     separator: str
     keys: Sequence[str]
     types: Mapping[str, FieldType]
+    optional: Sequence[str] = ()
+    """Keys the command prints only sometimes (systemctl show prints a property only if the
+    unit has it: a .target has no MainPID)."""
 
     def parse(self, stdout: bytes) -> Any:
         lines = _split_lines(_decode(stdout, self.max_bytes))
         fields: dict[str, str] = {}
         for number, line in enumerate(lines, 1):
             key, sep, value = line.partition(self.separator)
-            if not sep or key not in self.keys:
+            if not sep or (key not in self.keys and key not in self.optional):
                 raise EvidenceError("extract", "unmatched_line", f"line {number}")
             if key in fields:
                 raise EvidenceError("extract", "duplicate_key", f"line {number}: {key}")

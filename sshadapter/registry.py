@@ -15,12 +15,13 @@ import re
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from sshadapter import envelope
 from sshadapter.argv import ArgvTemplate, parse_template
 from sshadapter.commandfile import CommandFile, parse_command_file, read_command_bytes
 from sshadapter.errors import ConfigError, EvidenceError, RequestError
+from sshadapter.exitstatus import ByStderr, ExitCodes, ExitMeaning
 from sshadapter.extract import (
     DEFAULT_MAX_ROWS,
     JsonFormat,
@@ -58,6 +59,7 @@ class Operation:
     """Of the command file's bytes, for the audit record."""
     spec: CommandFile
     argv: ArgvTemplate
+    exit_codes: ExitCodes
     params_schema: Mapping[str, Any]
     """Closed JSON Schema of the `args` object, published in `list`."""
     params_validator: Validator
@@ -77,9 +79,9 @@ class Operation:
         """The exact remote command string: every element shell-quoted once."""
         return self.argv.command(args)
 
-    def exit_meaning(self, status: int | None) -> str | None:
-        """`success`, an error code, or None for an undeclared status."""
-        return None if status is None else self.spec.output.exit_codes.get(str(status))
+    def exit_meaning(self, status: int | None, stderr: bytes = b"") -> ExitMeaning | None:
+        """`success` or an error code (and why), or None for an undeclared status."""
+        return self.exit_codes.meaning(status, stderr)
 
     def check_args(self, args: Any) -> None:
         """Stage 3: the arguments against the closed parameter schema."""
@@ -171,13 +173,14 @@ def load_operation(
     params_schema = _params_schema(file, spec)
     schema = schemas.get(spec.output.schema_file, file=file, key="output.schema")
     _check_fields(file, spec, schema)
+    _check_optional_keys(file, spec, schema)
     env_schema = envelope.envelope_schema(
         name,
         version=spec.version,
         description=spec.description,
         fields=spec.agent.fields,
         output=schema,
-        declares_not_found="NOT_FOUND" in spec.output.exit_codes.values(),
+        declares_not_found="NOT_FOUND" in spec.output.meanings,
     )
     return Operation(
         name=name,
@@ -185,6 +188,7 @@ def load_operation(
         sha256=hashlib.sha256(raw).hexdigest(),
         spec=spec,
         argv=argv,
+        exit_codes=_exit_codes(file, spec),
         params_schema=params_schema,
         params_validator=schemas.compile(params_schema, file=file),
         parser=_build_parser(file, spec),
@@ -341,20 +345,53 @@ def _check_fields(file: str, spec: CommandFile, schema: LoadedSchema) -> None:
         raise ConfigError(file, "checks.fresh.field", f"not a property of {schema.name}")
 
 
+def _check_optional_keys(file: str, spec: CommandFile, schema: LoadedSchema) -> None:
+    """A key the command may leave out cannot be one the schema requires."""
+    required = set(schema.contents.get("required", ()))
+    for key in spec.output.optional_keys:
+        if key in required:
+            raise ConfigError(
+                file, "output.optional_keys", f"{key!r} may be absent but {schema.name} requires it"
+            )
+
+
+def compile_pattern(file: str, key: str, pattern: str) -> LinearPattern:
+    """An operator's pattern (an extractor's or a stderr case's), or ConfigError naming its key.
+
+    Compiled by RE2, linear in the text it runs on (see linear_regex).
+    """
+    try:
+        return compile_linear(pattern)
+    except LinearRegexError as exc:
+        raise ConfigError(
+            file,
+            key,
+            f"not a valid regular expression for the linear-time engine (RE2): {exc} "
+            "(it has no lookaround, backreferences, possessive or atomic groups; "
+            "write \\Z as \\z)",
+        ) from exc
+
+
+def _exit_codes(file: str, spec: CommandFile) -> ExitCodes:
+    table: dict[int, str | ByStderr] = {}
+    for status, entry in spec.output.exit_codes.items():
+        if isinstance(entry, str):
+            table[int(status)] = entry
+            continue
+        if entry.if_stderr_matches is None:
+            test: Literal["empty"] | LinearPattern = "empty"
+        else:
+            key = f"output.exit_codes.{status}.if_stderr_matches"
+            test = compile_pattern(file, key, entry.if_stderr_matches)
+        table[int(status)] = ByStderr(test, entry.then, entry.otherwise)
+    return ExitCodes(table)
+
+
 def _build_parser(file: str, spec: CommandFile) -> OutputFormat:
     out = spec.output
 
     def compile_(key: str, pattern: str) -> LinearPattern:
-        try:
-            return compile_linear(pattern)
-        except LinearRegexError as exc:
-            raise ConfigError(
-                file,
-                f"output.{key}",
-                f"not a valid regular expression for the linear-time engine (RE2): {exc} "
-                "(it has no lookaround, backreferences, possessive or atomic groups; "
-                "write \\Z as \\z)",
-            ) from exc
+        return compile_pattern(file, f"output.{key}", pattern)
 
     def check_types(groups: Collection[str]) -> None:
         for name in out.types:
@@ -378,5 +415,5 @@ def _build_parser(file: str, spec: CommandFile) -> OutputFormat:
         max_rows = out.max_rows or (1 if out.shape == "one" else DEFAULT_MAX_ROWS)
         return LinesFormat(out.max_bytes, header, row, out.shape, max_rows, out.types)
     assert out.separator is not None and out.keys is not None  # by OutputSection
-    check_types(out.keys)
-    return KvFormat(out.max_bytes, out.separator, out.keys, out.types)
+    check_types((*out.keys, *out.optional_keys))
+    return KvFormat(out.max_bytes, out.separator, out.keys, out.types, out.optional_keys)

@@ -187,6 +187,25 @@ def test_rejected_output_is_quarantined_and_named_in_the_result(tmp_path: Path) 
     with_daemon(tmp_path, body, runner=runner, quarantine=True)
 
 
+def test_a_failure_declared_by_stderr_is_quarantined_like_a_rejection(tmp_path: Path) -> None:
+    """findmnt's usage error (exit 1, a message) is INVALID_RESPONSE; its stderr is quarantined."""
+    usage = b"findmnt: invalid option -- 'J'\n"
+    command = "findmnt -J -o TARGET,SOURCE,FSTYPE,OPTIONS /"
+    runner = ScriptedRunner({command: RunResult(b"", usage, 1)})
+    call = {"op": "call", "tool": "mount_info", "args": {"target": "/"}}
+
+    async def body(d: Running) -> None:
+        assert (await d.ask(call))["error"] == {"code": "INVALID_RESPONSE", "retryable": False}
+        result = [r for r in d.audit_records() if r["type"] == "result"][-1]
+        assert (result["stage"], result["reason"]) == ("exit", "declared_exit_status")
+        assert result["detail"] == "exit status 1, stderr not empty = INVALID_RESPONSE"
+        names = result["attempts"][0]["quarantine"]
+        directory = d.service.quarantine.directory  # type: ignore[union-attr]
+        assert (directory / names["stderr"]).read_bytes() == usage
+
+    with_daemon(tmp_path, body, runner=runner, quarantine=True)
+
+
 def test_result_that_cannot_be_written_is_internal_not_retryable(tmp_path: Path) -> None:
     """The command ran but its result record failed: the caller gets INTERNAL, retryable false."""
     holder: dict[str, Running] = {}

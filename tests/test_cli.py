@@ -142,6 +142,30 @@ def test_bad_schema_file_is_one_line_naming_file_and_pointer(examples: Path) -> 
     assert lines[0].startswith(f"sshadapter: {path}: /properties/reviewed_by: string has no bound")
 
 
+@pytest.mark.parametrize(
+    ("args", "key", "phrase"),
+    [
+        ({"path": "../etc"}, "args.path", "does not match"),
+        ({"path": "/", "extra": "x"}, "args", "'extra' was unexpected"),
+        ({}, "args", '"path" is a required property'),
+    ],
+    ids=["pattern", "extra", "missing"],
+)
+def test_fixture_with_arguments_an_agent_cannot_send_is_refused(
+    examples: Path, args: dict[str, Any], key: str, phrase: str
+) -> None:
+    """A fixture whose args fail the parameter schema: exit 2, one line naming file, key, reason."""
+    case = examples / "commands" / "disk_usage.fixtures" / "root.case.json"
+    edit_json(case, lambda v: v.update(args=args))
+    done = run_cli("check", cwd=examples)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"sshadapter: {case}: {key}: fails the parameter schema: ")
+    assert phrase in lines[0]
+
+
 def test_config_hosts_are_checked(tmp_path: Path) -> None:
     """With --config, a command whose host alias is not configured is refused by name."""
     config = tmp_path / "config.toml"

@@ -101,6 +101,18 @@ def test_kv_needs_every_key_exactly_once_and_nothing_else() -> None:
     assert reason_of(fmt, good.replace(b"MainPID=812", b"MainPID 812"))[1] == "unmatched_line"
 
 
+def test_kv_optional_key_may_be_absent_but_not_repeated() -> None:
+    """An optional key absent is an absent field (not null); present, it is typed; twice rejects."""
+    fmt = KvFormat(4096, "=", ("ActiveState", "SubState"), {"MainPID": "integer"}, ("MainPID",))
+    target = b"ActiveState=active\nSubState=active\n"
+    assert fmt.parse(target) == {"ActiveState": "active", "SubState": "active"}
+    assert fmt.parse(b"MainPID=812\n" + target)["MainPID"] == 812
+    assert reason_of(fmt, b"MainPID=812\nMainPID=813\n" + target)[1] == "duplicate_key"
+    assert reason_of(fmt, b"MainPID=x\n" + target)[1] == "bad_type"
+    assert reason_of(fmt, b"MainPID=812\nActiveState=active\n")[1:] == ("missing_key", "SubState")
+    assert reason_of(fmt, target + b"ControlPID=0\n")[1] == "unmatched_line"
+
+
 def test_kv_value_keeps_later_separators() -> None:
     """Only the first separator splits: a value may contain '='."""
     fmt = KvFormat(4096, "=", ("Environment",), {})

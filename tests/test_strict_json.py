@@ -7,7 +7,6 @@ the fast path (orjson plus guards) reaches the same verdict, reason and value.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shared_data import find_shared
 
 from sshadapter import strict_json
 from sshadapter.errors import EVIDENCE_REASONS
@@ -34,22 +34,7 @@ CORPUS_SUBDIR = Path("conformance") / "jsontestsuite" / "test_parsing"
 CORPUS_SIZE = 318
 
 
-def _find_corpus() -> Path | None:
-    """SSHADAPTER_SHARED if set, else shared/ beside the repository (resolved or as seen)."""
-    if env := os.environ.get("SSHADAPTER_SHARED"):
-        return Path(env) / CORPUS_SUBDIR
-    candidates = [
-        Path(__file__).resolve().parents[2] / "shared",
-        Path(__file__).absolute().parents[1] / ".." / "shared",
-        Path.cwd() / ".." / "shared",
-    ]
-    for shared in candidates:
-        if (shared / CORPUS_SUBDIR).is_dir():
-            return shared / CORPUS_SUBDIR
-    return None
-
-
-CORPUS = _find_corpus()
+CORPUS = find_shared(CORPUS_SUBDIR)
 MISSING = "corpus-missing"
 CORPUS_FILES = (
     sorted(p.name for p in CORPUS.glob("*.json")) if CORPUS and CORPUS.is_dir() else []
