@@ -17,6 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
+import orjson
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -223,7 +224,11 @@ def parse_command_file(path: Path, raw: bytes) -> CommandFile:
     """The parsed contents of the command file ``path`` whose bytes are ``raw``, or ConfigError."""
     file = str(path)
     try:
-        spec = CommandFile.model_validate(tomllib.loads(raw.decode("utf-8")))
+        # Strict, through JSON: TOML has real types, so "yes" is no boolean, "5" no
+        # number and 256.0 no integer; JSON mode still reads arrays as tuples.
+        spec = CommandFile.model_validate_json(
+            orjson.dumps(tomllib.loads(raw.decode("utf-8"))), strict=True
+        )
     except UnicodeDecodeError as exc:
         raise ConfigError(file, "", "not UTF-8") from exc
     except tomllib.TOMLDecodeError as exc:

@@ -13,6 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -109,18 +110,26 @@ class HostSection(_Section):
     keepalive_seconds: Annotated[float, Field(gt=0)] = DEFAULT_KEEPALIVE_SECONDS
 
 
-class Config(BaseSettings):
-    """The whole configuration; frozen once loaded."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="SSHADAPTER_", env_nested_delimiter="__", extra="forbid", frozen=True
-    )
+class ConfigFile(_Section):
+    """What the TOML file may say: checked strictly (its values have real types)."""
 
     server: ServerSection = ServerSection()
     paths: PathsSection = PathsSection()
     audit: AuditSection = AuditSection()
     metrics: MetricsSection = MetricsSection()
     hosts: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")], HostSection] = {}
+
+
+class Config(BaseSettings, ConfigFile):
+    """The whole configuration, environment overrides applied; frozen once loaded.
+
+    Environment values are text, so they are read the lax way (``"8"`` is 8); the
+    file itself has passed ``ConfigFile`` strictly before.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="SSHADAPTER_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -153,6 +162,7 @@ def load_config(path: Path | None) -> tuple[Config, Path]:
             raise ConfigError(name, "", f"not valid TOML: {exc}") from exc
         base = path.resolve().parent
     try:
+        ConfigFile.model_validate_json(orjson.dumps(data), strict=True)
         config = Config(**data)
     except ValidationError as exc:
         first = exc.errors()[0]

@@ -174,6 +174,8 @@ def load_operation(
     schema = schemas.get(spec.output.schema_file, file=file, key="output.schema")
     _check_fields(file, spec, schema)
     _check_optional_keys(file, spec, schema)
+    parser = _build_parser(file, spec)
+    _check_extracted_fields(file, spec, schema, parser)
     env_schema = envelope.envelope_schema(
         name,
         version=spec.version,
@@ -191,7 +193,7 @@ def load_operation(
         exit_codes=_exit_codes(file, spec),
         params_schema=params_schema,
         params_validator=schemas.compile(params_schema, file=file),
-        parser=_build_parser(file, spec),
+        parser=parser,
         schema=schema,
         output_validator=schemas.compile(schema.contents, file=file, base_uri=schema.uri),
         envelope_schema=env_schema,
@@ -353,6 +355,54 @@ def _check_optional_keys(file: str, spec: CommandFile, schema: LoadedSchema) -> 
             raise ConfigError(
                 file, "output.optional_keys", f"{key!r} may be absent but {schema.name} requires it"
             )
+
+
+def _check_extracted_fields(
+    file: str, spec: CommandFile, schema: LoadedSchema, parser: OutputFormat
+) -> None:
+    """Every field a text extractor makes must be a property the schema declares.
+
+    Otherwise each accepted output fails at the schema stage (an unknown property
+    of a closed object), and the fixtures say so without saying why.
+    """
+    out = spec.output
+    if isinstance(parser, RegexFormat):
+        key, fields, row = "output.pattern", parser.pattern.groups, schema.contents
+    elif isinstance(parser, LinesFormat):
+        key, fields = "output.row", parser.row.groups
+        row = schema.contents if out.shape == "one" else _rows_item(schema.contents)
+    elif isinstance(parser, KvFormat):
+        key, fields, row = "output.keys", (*parser.keys, *parser.optional), schema.contents
+    else:
+        return
+    properties = row.get("properties") if isinstance(row, dict) else None
+    if not isinstance(properties, dict):
+        return  # a row schema this check cannot read (composed, or in another file)
+    for name in fields:
+        if name not in properties:
+            where = "a row" if row is not schema.contents else schema.name
+            raise ConfigError(
+                file,
+                key,
+                f"field {name!r} is not a property of {where} in {schema.name}: every "
+                "output would fail the schema",
+            )
+
+
+def _rows_item(contents: Mapping[str, Any]) -> Any:
+    """The schema of one row of ``{"rows": [...]}``, following a local ``$ref``."""
+    item = contents.get("properties", {}).get("rows", {}).get("items")
+    ref = item.get("$ref") if isinstance(item, dict) else None
+    if isinstance(ref, str) and ref.startswith("#/"):
+        node: Any = contents
+        for part in ref[2:].split("/"):
+            node = (
+                node.get(part.replace("~1", "/").replace("~0", "~"), {})
+                if isinstance(node, dict)
+                else {}
+            )
+        return node
+    return item
 
 
 def compile_pattern(file: str, key: str, pattern: str) -> LinearPattern:

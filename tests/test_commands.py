@@ -732,3 +732,47 @@ def test_unknown_parameter_keyword_is_refused(tmp_path: Path) -> None:
     typo = "pattern = '^[a-z]{1,8}$'\nmaxLenght = 8"
     exc = refused(tmp_path, replaced("pattern = '^[a-z]{1,8}$'", typo))
     assert_names(exc, tmp_path, "params.item_id.maxLenght", "unknown parameter keyword")
+
+
+# --- strict types: TOML has real ones (issue 10) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ('host = "ci"', 'host = "ci"\nidempotent = "yes"', "idempotent"),
+        ("version = 1", 'version = "1"', "version"),
+        ('host = "ci"', 'host = "ci"\ntimeout_seconds = "5"', "timeout_seconds"),
+        (
+            'schema = "item.v1.json"',
+            'schema = "item.v1.json"\nmax_bytes = 256.0',
+            "output.max_bytes",
+        ),
+        ('fields = ["item_id", "state"]', 'fields = "item_id"', "agent.fields"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_a_load_error(
+    tmp_path: Path, old: str, new: str, key: str
+) -> None:
+    """No coercion: "yes" is not true, "1" not 1, 256.0 not 256; the file and key are named."""
+    exc = refused(tmp_path, replaced(old, new))
+    assert_names(exc, tmp_path, key, "Input should be a valid")
+
+
+def test_an_extractor_field_the_schema_does_not_declare_is_a_load_error(tmp_path: Path) -> None:
+    """A named group the schema has no property for would fail every output: refused at load."""
+    text = replaced(
+        'format = "json"',
+        "format = \"regex\"\npattern = '^(?P<item_id>[a-z]+) (?P<status>up|down)$'",
+    )
+    exc = refused(tmp_path, text)
+    assert_names(exc, tmp_path, "output.pattern", "field 'status' is not a property")
+
+
+def test_a_kv_key_the_schema_does_not_declare_is_a_load_error(tmp_path: Path) -> None:
+    """The same for a kv key: the loader names output.keys."""
+    text = replaced(
+        'format = "json"', 'format = "kv"\nseparator = "="\nkeys = ["item_id", "State"]'
+    )
+    exc = refused(tmp_path, text)
+    assert_names(exc, tmp_path, "output.keys", "field 'State' is not a property")
