@@ -180,18 +180,38 @@ def _print_response(message: dict[str, object], socket_path: Path, ok: Any) -> i
 
 
 def _load(args: argparse.Namespace) -> tuple[Config, Registry]:
+    return _load_with_path(args)[1:]
+
+
+def _load_with_path(args: argparse.Namespace) -> tuple[Path | None, Config, Registry]:
+    """The configuration file used (None: built-in defaults), it, and its registry."""
     path = args.config
     if path is None and DEFAULT_CONFIG_PATH.is_file():
         path = DEFAULT_CONFIG_PATH
     config, _ = load_config(path)
     # Without a config file there are no [hosts] to check host aliases against.
     hosts = config.hosts.keys() if path is not None else None
-    return config, load_registry(config.paths.commands, config.paths.schemas, hosts=hosts)
+    registry = load_registry(config.paths.commands, config.paths.schemas, hosts=hosts)
+    return path, config, registry
+
+
+def _load_for_check(args: argparse.Namespace) -> tuple[Path | None, Registry]:
+    path, _, registry = _load_with_path(args)
+    return path, registry
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    _, registry = _load(args)
+    config_path, registry = _load_for_check(args)
     rows = check_registry(registry)
+    for op in registry.operations.values():
+        for key, text in op.warnings:
+            print(f"sshadapter: warning: {op.file}: {key}: {text}", file=sys.stderr)
+    if config_path is None:
+        print(
+            "sshadapter: note: no configuration file, so host aliases were not checked "
+            "(give --config to check them)",
+            file=sys.stderr,
+        )
     if args.json:
         sys.stdout.buffer.write(
             orjson.dumps([r.as_json() for r in rows], option=orjson.OPT_INDENT_2) + b"\n"

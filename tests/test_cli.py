@@ -23,7 +23,7 @@ CLI_TIMEOUT_SECONDS = 60  # `check` over the examples takes well under a second
 
 NEAR_MISS_KINDS = {"banner", "trailing", "array_around", "error_beside_data"}
 NEAR_MISS_PREFIXES = ("duplicate:", "null:", "extra_property:", "long_string:")
-ROW_KEYS = {"tool", "case", "kind", "expected", "got", "ok", "rejection"}
+ROW_KEYS = {"tool", "case", "kind", "expected", "got", "ok", "rejection", "why"}
 
 
 def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
@@ -62,7 +62,11 @@ def test_check_passes_on_the_examples() -> None:
     assert lines[0].split() == ["tool", "case", "kind", "expected", "got"]
     assert lines[-1].endswith(", 0 missed")
     assert not any(line.endswith("MISS") for line in lines)
-    assert done.stderr == ""
+    # Without --config, said once: host aliases were not checked.
+    assert done.stderr.splitlines() == [
+        "sshadapter: note: no configuration file, so host aliases were not checked "
+        "(give --config to check them)"
+    ]
 
 
 def test_check_json_lists_fixtures_and_near_misses() -> None:
@@ -305,3 +309,21 @@ def test_serve_start_up_errors_are_one_line_and_exit_2(tmp_path: Path, case: str
     assert "Traceback" not in done.stderr, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("sshadapter: ")]
     assert len(errors) == 1 and errors[0].startswith(f"sshadapter: {named}: "), done.stderr
+
+
+def test_a_schema_miss_shows_the_detail_and_both_paths(examples: Path) -> None:
+    """A fixture rejected at the schema stage: the table and --json give the validator's reason
+    and the schema and instance paths, not only `schema_mismatch`."""
+    out = examples / "commands" / "job_run_status.fixtures" / "failed_recent.stdout"
+    edit_json(out, lambda v: v.update(run_id=7))
+    done = run_cli("check", cwd=examples)
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    miss = next(i for i, line in enumerate(lines) if "failed_recent" in line and "MISS" in line)
+    assert lines[miss + 1].startswith("    why: schema/schema_mismatch at /run_id (schema /")
+    assert "is not of type" in lines[miss + 1]
+    rows = json.loads(run_cli("check", "--json", cwd=examples).stdout)
+    (row,) = [r for r in rows if r["case"] == "failed_recent" and r["kind"] == "fixture"]
+    assert row["rejection"]["instance_path"] == "/run_id"
+    assert row["rejection"]["schema_path"].startswith("/properties/run_id")
+    assert "is not of type" in row["rejection"]["detail"] and row["why"].startswith("schema/")
