@@ -192,6 +192,8 @@ class Daemon:
         self.runner = runner
         self.audit = audit
         self.state = State.STARTING
+        self.ready = asyncio.Event()
+        """Set once serving: the socket accepts and READY=1 has been sent."""
         self._connections: dict[asyncio.Task[None], _Connection] = {}
         self._stopping = asyncio.Event()
         self._server: asyncio.Server | None = None
@@ -220,6 +222,7 @@ class Daemon:
             )
             warming = [asyncio.create_task(self._warm(alias)) for alias in self.config.hosts]
             self.state = State.SERVING
+            self.ready.set()
             systemd.notify("READY=1")
             log.info(
                 "serving %d tools on %s", len(self.service.registry.operations), sock.getsockname()

@@ -94,9 +94,14 @@ def with_daemon(
     socket_dir: Path | None = None,
     audit_path: Path | None = None,
     judge: Judge | None = None,
+    ssh: bool = False,
     **server: Any,
 ) -> None:
-    """Start a daemon, run ``body`` against it, stop it (draining), all in one event loop."""
+    """Start a daemon, run ``body`` against it, stop it (draining), all in one event loop.
+
+    The daemon is ``daemon.assemble``'s, as `serve` builds it; ``runner`` replaces its
+    runner (default: the scripted job runner; ``ssh=True``: the production SSH runner).
+    """
 
     commands = commands or shipped_commands(tmp_path)
 
@@ -126,10 +131,15 @@ def with_daemon(
                 }
             ),
         )
-        daemon = assemble(config, runner=runner or job_runner(), clock=lambda: NOW, judge=judge)
+        use = None if ssh else runner or job_runner()
+        daemon = assemble(config, runner=use, clock=lambda: NOW, judge=judge)
         sock = bind_socket(socket_path, socket_mode, "")
         task = asyncio.create_task(daemon.serve(sock))
-        await asyncio.sleep(0)
+        ready = asyncio.create_task(daemon.ready.wait())
+        await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
+        if task.done():  # it failed to start: say why
+            ready.cancel()
+            task.result()
         try:
             await body(Running(socket_path, daemon, daemon.service, audit_file))
         finally:
