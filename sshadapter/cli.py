@@ -42,7 +42,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sshadapter", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="sshadapter",
+        description="Named SSH operations for AI agents: the daemon runs only the commands an "
+        "operator defined and answers with validated facts or a failure code.",
+        epilog="Exit status: 0 success, 1 a failed call or a missed check, 2 a usage or "
+        "configuration error (one line naming the file, the key and the reason). "
+        "Reference: docs/ in the source tree.",
+    )
     parser.add_argument("--version", action="version", version=f"sshadapter {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 

@@ -1,6 +1,6 @@
 """The agent contract: the closed envelope, its per-tool schema, and the error codes.
 
-Contract: DESIGN.md "Agent contract". An envelope is either
+Reference: docs/protocol.md "The envelope". An envelope is either
 ``{"tool", "request_id", "outcome": "success", "data"}`` or
 ``{"tool", "request_id", "outcome": "failure", "error": {"code", "retryable"}}``;
 nothing else. Each tool publishes a JSON Schema for its envelope (an object at
@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from sshadapter.schemas import DRAFT_2020_12, LoadedSchema
 
-# code -> retryable by default (DESIGN.md table). UPSTREAM_UNAVAILABLE is not
+# code -> retryable by default (docs/protocol.md "Error codes"). UPSTREAM_UNAVAILABLE is not
 # retryable for a host key mismatch or an authentication failure.
 CODES: Final[Mapping[str, bool]] = {
     "INVALID_REQUEST": False,

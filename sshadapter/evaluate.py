@@ -121,7 +121,7 @@ def check_exit_status(op: Operation, run: RunResult) -> Verdict | None:
 
 
 def project(op: Operation, value: Any) -> dict[str, Any]:
-    """A new object with exactly the fields the contract exposes (DESIGN.md stage 10)."""
+    """A new object with exactly the fields the contract exposes (docs/protocol.md "Stages", 10)."""
     return {name: value[name] for name in op.spec.agent.fields if name in value}
 
 

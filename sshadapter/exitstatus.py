@@ -1,6 +1,6 @@
 """Stage 6: what an exit status means, by the status alone or, where declared, by stderr.
 
-Contract: docs/command-files.md "exit_codes", DESIGN.md stage 6. Many tools use
+Reference: docs/command-files.md "exit_codes" and docs/protocol.md "Stages" (6). Many tools use
 one status for "the thing does not exist" and for "I failed" (findmnt exits 1
 both when nothing is mounted at the target, silently, and on a usage error; df
 exits 1 for a missing path and for a permission or NFS error). A declared code

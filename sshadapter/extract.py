@@ -5,7 +5,7 @@ goes through a strict extractor (stage ``extract``) in which every line must be
 accounted for: each pattern must match a whole line (``fullmatch``), any line
 that matches nothing rejects the whole output, named groups become fields and
 ``types`` converts them strictly. Line numbers go to the audit detail, never to
-the agent (DESIGN.md "Operator contract").
+the agent (docs/command-files.md "Text formats").
 """
 
 from __future__ import annotations

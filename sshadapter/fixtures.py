@@ -1,6 +1,6 @@
 """Contract fixtures: recorded outputs beside each operation, with the envelope they must give.
 
-Layout (DESIGN.md "Contract fixtures"): ``commands/<tool>.fixtures/<case>.stdout``
+Layout (docs/fixtures.md): ``commands/<tool>.fixtures/<case>.stdout``
 (raw bytes), optional ``<case>.stderr``, and ``<case>.case.json``::
 
     {"args": {...}, "exit_status": 0, "now": "2026-11-30T04:12:00Z",

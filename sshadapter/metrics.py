@@ -1,6 +1,6 @@
 """Prometheus metrics of calls and rejections, on a loopback listener.
 
-Contract: DESIGN.md "Metrics". Every label value comes from a finite set:
+Reference: docs/metrics.md. Every label value comes from a finite set:
 tool names from the loaded registry (``sshadapter`` for requests that name no
 known tool), outcomes and codes from the envelope contract, stages and
 reasons from the finite lists in ``errors``, host aliases from the config.

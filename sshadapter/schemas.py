@@ -1,6 +1,6 @@
 """Schemas: load, lint and compile every file in ``schemas/``.
 
-Contract: DESIGN.md "Operator contract". Every schema is Draft 2020-12
+Reference: docs/command-files.md "Schemas". Every schema is Draft 2020-12
 (``$schema`` required) and valid against its metaschema; ``$ref`` resolves only
 to files of the same directory and is never fetched over a network; ``format``
 is an assertion; and the lint refuses an object that is not closed, a string

@@ -94,7 +94,7 @@ def test_tampering_breaks_the_chain(tmp_path: Path, tamper: str) -> None:
 
 def test_intents_without_result_are_listed(tmp_path: Path) -> None:
     """A call that died with the daemon shows as an intent with no result."""
-    records = [
+    records: list[dict[str, object]] = [
         *sample(2),
         {
             "type": "intent",

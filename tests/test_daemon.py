@@ -154,7 +154,7 @@ def test_many_connections_at_once_then_a_normal_call(tmp_path: Path) -> None:
     async def body(d: Running) -> None:
         async def one() -> str:
             try:
-                return (await d.ask({"op": "list"})).get("error", {}).get("code", "ok")
+                return str((await d.ask({"op": "list"})).get("error", {}).get("code", "ok"))
             except (ConnectionError, OSError, ValueError):
                 return "dropped"
 

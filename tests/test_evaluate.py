@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def run(
     registry: Registry,
     tool: str,
     stdout: bytes,
-    args: dict[str, object],
+    args: Mapping[str, object],
     exit_status: int = 0,
     stderr: bytes = b"",
 ) -> Verdict:

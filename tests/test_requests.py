@@ -90,7 +90,7 @@ def test_an_op_that_is_not_a_string_gets_invalid_request(tmp_path: Path) -> None
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A real Service (assembled as `serve` does) answering from a scripted runner."""
-    from sshadapter.config import AuditSection, Config, PathsSection, ServerSection
+    from sshadapter.config import AuditSection, Config, HostSection, PathsSection, ServerSection
 
     tmp_path = tmp_path_factory.mktemp("fuzz")
     runner = ScriptedRunner({JOB_COMMAND: RunResult(orjson.dumps(JOB_OUT), b"", 0)})
@@ -101,7 +101,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Any:
             path=tmp_path / "audit.jsonl", fsync="never", quarantine_dir=tmp_path / "q"
         ),
         hosts={
-            a: {"address": "127.0.0.1", "user": "nobody", "known_hosts": tmp_path / "kh"}
+            a: HostSection(address="127.0.0.1", user="nobody", known_hosts=tmp_path / "kh")
             for a in ("ci", "local")
         },
     )
@@ -191,7 +191,7 @@ def test_an_unexpected_runner_exception_is_internal_with_a_result_record(
         assert result["attempts"][0]["interrupted"] == "bug"
         assert (await d.ask({"op": "list"}))["tools"]  # still serving
 
-    with_daemon(tmp_path, body, runner=runner)  # type: ignore[arg-type]
+    with_daemon(tmp_path, body, runner=runner)
     assert "RuntimeError: a bug in a runner" in caplog.text
     assert runner.calls == 1
 

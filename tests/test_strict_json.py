@@ -20,7 +20,6 @@ from shared_data import find_shared
 from sshadapter import strict_json
 from sshadapter.errors import EVIDENCE_REASONS
 from sshadapter.strict_json import (
-    DEFAULT_MAX_BYTES,
     DEFAULT_MAX_DEPTH,
     MAX_DEPTH_LIMIT,
     REASONS,
@@ -237,7 +236,7 @@ def test_bad_limits_are_programming_errors(max_bytes: int, max_depth: int) -> No
 def test_defaults() -> None:
     """The defaults are within the limits they are checked against."""
     assert DEFAULT_MAX_DEPTH == 32 and 1 <= DEFAULT_MAX_DEPTH <= MAX_DEPTH_LIMIT <= 254
-    assert loads(b"[]", max_depth=MAX_DEPTH_LIMIT) == [] and DEFAULT_MAX_BYTES >= 1
+    assert loads(b"[]", max_depth=MAX_DEPTH_LIMIT) == []
 
 
 def test_str_input_is_a_type_error() -> None:

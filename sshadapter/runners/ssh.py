@@ -1,12 +1,12 @@
 """The production runner: operator-defined commands over pooled asyncssh connections.
 
-Contract: DESIGN.md "One call, stage by stage", stage 5. Each command runs on
+Reference: docs/protocol.md "Stages" (5) and docs/operations.md "SSH". Each command runs on
 its own session channel with no PTY, no environment, stdin closed at once, and
 stdout/stderr capped as each packet arrives: past a cap the remote command is
 killed, the channel closed, and the result carries ``cap + 1`` bytes (proof
 that the cap was exceeded) and no exit status.
 
-Security (DESIGN.md "Configuration"): host keys are checked strictly against
+Security (docs/operations.md "Hosts"): host keys are checked strictly against
 the host's ``known_hosts`` file and nothing else; there is no switch to turn
 that off. Client keys come from ``client_keys`` files or a systemd credential;
 no agent, no agent or X11 forwarding, no ``~/.ssh/config``, public key
