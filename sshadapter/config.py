@@ -1,7 +1,8 @@
 """The daemon's configuration: one TOML file, environment overrides, unknown keys refused.
 
 Reference: docs/operations.md "Configuration" and config.example.toml.
-``SSHADAPTER_<SECTION>__<KEY>`` environment variables override the file (``SSHADAPTER_SERVER__MAX_CONCURRENT_CALLS=8``).
+``SSHADAPTER_<SECTION>__<KEY>`` environment variables override the file
+(``SSHADAPTER_SERVER__MAX_CONCURRENT_CALLS=8``).
 Relative paths in ``[paths]`` are resolved against the directory of the config
 file, so the same file works from a checkout and from ``/etc/sshadapter/``.
 There is deliberately no option to turn host key checking off.
