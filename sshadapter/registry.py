@@ -119,8 +119,7 @@ def load_operation(path: Path, schemas: SchemaSet, *, hosts: Collection[str] | N
         name,
         version=spec.version,
         description=spec.description,
-        fields=spec.agent.fields,
-        output=schema,
+        projection=schemas.project(schema, spec.agent.fields),
         declares_not_found="NOT_FOUND" in spec.output.exit_codes.values(),
     )
     return Operation(
