@@ -13,6 +13,7 @@ import hashlib
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Final
 
@@ -81,6 +82,21 @@ class Registry:
 
     operations: Mapping[str, Operation]
     schemas: SchemaSet
+
+    @cached_property
+    def digest(self) -> str:
+        """Changes whenever a command file or a published schema does: sent with `list`.
+
+        Lets a client that caches the list (``sshadapter mcp``) notice a reload
+        without comparing schemas. Each command file's sha256 covers what `list`
+        publishes from it (description, version, parameters, `allow`, hints);
+        each envelope schema's ``$id`` ends in a digest of its content.
+        """
+        text = "".join(
+            f"{op.name} {op.sha256} {op.envelope_schema['$id']}\n"
+            for op in sorted(self.operations.values(), key=lambda op: op.name)
+        )
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
     def get(self, name: str) -> Operation | None:
         return self.operations.get(name)

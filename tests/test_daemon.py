@@ -129,7 +129,8 @@ def test_denied_uid_gets_denied_and_list_hides_the_tools(tmp_path: Path) -> None
     async def body(d: Running) -> None:
         response = await d.ask(CALL)
         assert (response["tool"], code(response)) == ("job_run_status", "DENIED")
-        assert (await d.ask({"op": "list"})) == {"tools": []}
+        listed = await d.ask({"op": "list"})
+        assert listed == {"tools": [], "digest": d.service.registry.digest}
 
     with_daemon(tmp_path, body, allow=Allow(uids=(os.getuid() + 4242,)), commands=ROOT / "commands")
 
@@ -142,7 +143,16 @@ def test_list_shows_schemas_of_allowed_tools(tmp_path: Path) -> None:
         # the `ci` tools allow only the group "agents"; the local ones use the default allow
         assert "disk_usage" in tools and "job_run_status" not in tools
         tool = tools["disk_usage"]
-        assert set(tool) == {"name", "description", "version", "input_schema", "output_schema"}
+        assert set(tool) == {
+            "name",
+            "description",
+            "version",
+            "read_only",
+            "idempotent",
+            "input_schema",
+            "output_schema",
+        }
+        assert (tool["read_only"], tool["idempotent"]) == (True, True)
         assert tool["output_schema"]["type"] == "object" and "oneOf" in tool["output_schema"]
 
     with_daemon(tmp_path, body, allow=Allow(uids=(os.getuid(),)), commands=ROOT / "commands")
@@ -262,6 +272,23 @@ def test_reload_keeps_the_old_set_when_a_file_is_bad(tmp_path: Path) -> None:
         (commands / "broken.toml").unlink()
         d.daemon.reload()
         assert set(d.service.registry.operations) == {"job_run_status"}
+
+    with_daemon(tmp_path, body, commands=commands)
+
+
+def test_list_digest_changes_with_a_reload_that_changes_something(tmp_path: Path) -> None:
+    """The digest in `list` stays over an idempotent reload and moves when a file changes."""
+    commands = shipped_commands(tmp_path)
+
+    async def body(d: Running) -> None:
+        first = (await d.ask({"op": "list"}))["digest"]
+        assert first.startswith("sha256:") and len(first) == 71
+        d.daemon.reload()
+        assert (await d.ask({"op": "list"}))["digest"] == first
+        edited = commands / "load_average.toml"
+        edited.write_text(edited.read_text().replace("version = 1", "version = 2"))
+        d.daemon.reload()
+        assert (await d.ask({"op": "list"}))["digest"] != first
 
     with_daemon(tmp_path, body, commands=commands)
 
