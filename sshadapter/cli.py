@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from sshadapter import __version__, client
-from sshadapter.check import check_registry, format_table
+from sshadapter.check import check_registry, format_table, warnings
 from sshadapter.config import DEFAULT_CONFIG_PATH, Config, load_config
 from sshadapter.errors import ConfigError
 from sshadapter.registry import Registry, load_registry
@@ -191,6 +191,8 @@ def _load(args: argparse.Namespace) -> tuple[Config, Registry]:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     _, registry = _load(args)
+    for warning in warnings(registry):  # not a miss: the exit status stays the table's
+        print(f"sshadapter: warning: {warning}", file=sys.stderr)
     rows = check_registry(registry)
     if args.json:
         sys.stdout.buffer.write(
