@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,7 +67,7 @@ def test_job_run_status_keeps_field_descriptions_but_not_url_or_log_tail() -> No
     assert "url" not in json.dumps(published) and "log_tail" not in json.dumps(published)
 
 
-TREE = {
+TREE: dict[str, Any] = {
     "$schema": DRAFT_2020_12,
     "$id": "https://sshadapter.invalid/schemas/tree.v1.json",
     "description": "What tree-cli --json prints.",
@@ -90,7 +91,7 @@ TREE = {
         }
     },
 }
-COMMON = {
+COMMON: dict[str, Any] = {
     "$schema": DRAFT_2020_12,
     "$id": "https://sshadapter.invalid/schemas/common.v1.json",
     "type": "object",
@@ -154,19 +155,12 @@ def test_id_follows_the_published_content_only(tmp_path: Path) -> None:
     """$id changes with a projected field's schema, not with a field the agent never sees."""
     before = tree_registry(tmp_path / "a").operations["tree"].envelope_schema["$id"]
     same = tree_registry(tmp_path / "b").operations["tree"].envelope_schema["$id"]
-    hidden = {**TREE, "properties": {**TREE["properties"], "secret": {"type": "string"}}}
-    hidden["properties"]["secret"]["maxLength"] = 9
+    hidden = copy.deepcopy(TREE)
+    hidden["properties"]["secret"]["maxLength"] = 9  # a field the agent never sees
     unseen = tree_registry(tmp_path / "c", tree=hidden).operations["tree"].envelope_schema["$id"]
-    defs = {
-        "node": {**TREE["$defs"]["node"], "properties": dict(TREE["$defs"]["node"]["properties"])}
-    }
-    defs["node"]["properties"]["children"] = {
-        "type": "array",
-        "maxItems": 5,
-        "items": {"$ref": "#/$defs/node"},
-    }
-    changed = tree_registry(tmp_path / "d", tree={**TREE, "$defs": defs})
-    after = changed.operations["tree"].envelope_schema["$id"]
+    deeper = copy.deepcopy(TREE)
+    deeper["$defs"]["node"]["properties"]["children"]["maxItems"] = 5  # reached through $ref
+    after = tree_registry(tmp_path / "d", tree=deeper).operations["tree"].envelope_schema["$id"]
     assert before == same == unseen
     assert after != before
     assert before.startswith("https://sshadapter.invalid/envelopes/tree.v1.")
