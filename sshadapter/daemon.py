@@ -229,6 +229,11 @@ class Daemon:
             await self._converse(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # shutdown() cancels the connections still open after the drain (idle clients
+            # that keep theirs). The task ends normally: Python 3.11's start_unix_server
+            # calls exception() on a cancelled handler task and logs a traceback (3.12 not).
+            pass
         finally:
             self._connections.discard(task)
             await _close(writer)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 from pathlib import Path
@@ -291,6 +292,30 @@ def test_list_digest_changes_with_a_reload_that_changes_something(tmp_path: Path
         assert (await d.ask({"op": "list"}))["digest"] != first
 
     with_daemon(tmp_path, body, commands=commands)
+
+
+def test_stop_with_an_idle_connection_open_logs_no_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that keeps its connection between calls is let go quietly at shutdown."""
+    closed: list[asyncio.Task[None]] = []
+
+    async def body(d: Running) -> None:
+        reader, writer = await asyncio.open_unix_connection(str(d.path))
+        writer.write(orjson.dumps(CALL) + b"\n")
+        await writer.drain()
+        assert orjson.loads(await reader.readline())["outcome"] == "success"
+
+        async def close_when_the_daemon_does() -> None:
+            assert await reader.read() == b""  # still open, idle, while the daemon stops
+            writer.close()
+
+        closed.append(asyncio.create_task(close_when_the_daemon_does()))
+
+    with caplog.at_level(logging.ERROR):
+        with_daemon(tmp_path, body)
+    assert closed[0].done() and closed[0].exception() is None
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_stop_drains_in_flight_calls(tmp_path: Path) -> None:
