@@ -1,6 +1,6 @@
 """What `sshadapter mcp` costs: per call against the daemon's socket directly, start-up, RSS.
 
-Run: ``python tests/bench/bench_mcp.py`` (about 1 min; ``--quick`` about 20 s).
+Run: ``python tests/bench/bench_mcp.py`` (about 20 s; ``--quick`` about 5 s).
 A benchmark, not a test: it always exits 0 and prints PASS/MISS per target.
 
 The daemon runs as a subprocess with the shipped commands and a scripted runner
@@ -204,7 +204,7 @@ def main() -> int:
     if args.serve_scripted:
         serve_scripted(args.serve_scripted)
         return 0
-    rounds, per_round, startups = (5, 200, 10) if args.quick else (15, 300, 30)
+    rounds, per_round, startups = (5, 200, 10) if args.quick else (30, 500, 30)
     with tempfile.TemporaryDirectory(prefix="sshadapter-bench-mcp-") as tmp:
         workdir = Path(tmp)
         daemon = start_daemon(workdir)
