@@ -32,8 +32,8 @@ AUDIT_WAIT_SECONDS = 15.0
 
 SHIPPED_TOOLS = sorted(p.stem for p in (ROOT / "commands").glob("*.toml"))
 
-# A read that takes a while (for cancellation and concurrency), and a second shape of
-# success for the clients to validate. Both real commands on the test sshd.
+# Test-only reads, real commands on the test sshd: one that takes a while (cancellation,
+# concurrency), one with a date-time field (the clients assert formats).
 SLOW_READ = """\
 description = "Waits SECONDS seconds on the host, then reports that it is done."
 version = 1
@@ -64,7 +64,32 @@ SLOW_READ_SCHEMA = {
     "properties": {"word": {"type": "string", "enum": ["done"]}},
     "additionalProperties": False,
 }
-TEST_TOOLS = ["slow_read"]
+CLOCK_READ = """\
+description = "The host's clock, in UTC."
+version = 1
+host = "local"
+argv = ["date", "-u", "+%Y-%m-%dT%H:%M:%SZ"]
+timeout_seconds = 5
+idempotent = true
+read_only = true
+
+[output]
+format = "regex"
+schema = "clock_read.v1.json"
+max_bytes = 64
+pattern = '^(?P<now>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z)$'
+
+[agent]
+fields = ["now"]
+"""
+CLOCK_READ_SCHEMA = {  # format: date-time, which the TypeScript clients assert
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["now"],
+    "properties": {"now": {"type": "string", "format": "date-time", "maxLength": 20}},
+    "additionalProperties": False,
+}
+TEST_TOOLS = ["clock_read", "slow_read"]
 
 
 @dataclass
@@ -170,6 +195,8 @@ def write_daemon_files(workdir: Path, sshd: Sshd) -> Path:
         )
     (workdir / "commands" / "slow_read.toml").write_text(SLOW_READ)
     (workdir / "schemas" / "slow_read.v1.json").write_text(json.dumps(SLOW_READ_SCHEMA))
+    (workdir / "commands" / "clock_read.toml").write_text(CLOCK_READ)
+    (workdir / "schemas" / "clock_read.v1.json").write_text(json.dumps(CLOCK_READ_SCHEMA))
     hosts = "".join(
         f'[hosts.{alias}]\naddress = "{sshd.address}"\nport = {sshd.port}\nuser = "{sshd.user}"\n'
         f'client_keys = ["{sshd.client_key}"]\nknown_hosts = "{sshd.known_hosts}"\n\n'

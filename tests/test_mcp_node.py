@@ -40,6 +40,7 @@ CALLS: list[dict[str, Any]] = [
     {"name": "mount_info", "arguments": {"target": "/"}},
     {"name": "disk_usage", "arguments": {"path": "/"}},
     {"name": "slow_read", "arguments": {"seconds": 0}},
+    {"name": "clock_read", "arguments": {}},
     {"name": "mount_info", "arguments": {"target": "/no/such/mount"}},  # NOT_FOUND
     {"name": "disk_usage", "arguments": {"path": "/proc"}},  # INVALID_RESPONSE: df prints "-"
     {"name": "service_state", "arguments": {"unit": "ssh.service"}},  # no systemd: declared
@@ -48,6 +49,7 @@ CALLS: list[dict[str, Any]] = [
     {"name": "run_shell", "arguments": {"command": "id"}},  # unknown: -32602
 ]
 EXPECTED = [
+    "success",
     "success",
     "success",
     "success",

@@ -53,6 +53,9 @@ for (const call of spec.calls) {
           : { ...sc, error: { ...sc.error, code: "NOPE" } },
         { ...sc, tool: "another_tool" },
       ];
+      if (typeof sc.data?.now === "string") {
+        tampered.push({ ...sc, data: { ...sc.data, now: "2026-13-30T04:10:00Z" } }); // format only
+      }
       control.push({
         name: call.name,
         accepted: check(sc).valid,
