@@ -284,6 +284,7 @@ class Bridge:
 
     def receive(self, line: bytes) -> None:
         """One line from the client; requests needing the daemon continue in a task."""
+        message = None
         try:
             message = parse_message(line)
             if message is None:
@@ -294,6 +295,13 @@ class Bridge:
                 self._notified(message)
         except ProtocolError as exc:
             self.send(exc.response())
+        except Exception as exc:  # a bug of the bridge's: the client is answered all the same
+            self._internal_error(message.id if message is not None else None, exc)
+
+    def _internal_error(self, request_id: str | int | None, exc: Exception) -> None:
+        log.error("internal error on request %r: %s: %s", request_id, type(exc).__name__, exc)
+        if request_id is not None:
+            self.send(ProtocolError(INTERNAL_ERROR, "Internal error", id=request_id).response())
 
     # --- requests ------------------------------------------------------------------------
 
@@ -371,7 +379,7 @@ class Bridge:
             self.send(result(m.id, call_result(sealed, era)))
             return
         request_id = m.id
-        task = asyncio.create_task(work)
+        task = asyncio.create_task(self._guarded(request_id, work))
         self.in_flight[request_id] = task
 
         def done(finished: asyncio.Task[None]) -> None:
@@ -379,6 +387,12 @@ class Bridge:
                 del self.in_flight[request_id]
 
         task.add_done_callback(done)
+
+    async def _guarded(self, request_id: str | int, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        except Exception as exc:  # not CancelledError: a cancelled request gets no answer
+            self._internal_error(request_id, exc)
 
     async def _list(self, request_id: str | int, era: Era) -> None:
         try:

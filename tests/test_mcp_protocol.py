@@ -536,6 +536,9 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RawBridge]:
     """One bridge for every example, its daemon absent: calls end at once in closed failures."""
     with raw_bridge(tmp_path_factory.mktemp("fuzz") / "absent.sock") as bridge:
         yield bridge
+        assert bridge.close() == 0
+        log = bridge.stderr()
+        assert "internal error" not in log and "Traceback" not in log, log
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
