@@ -35,7 +35,8 @@ from mcp_harness import (
 )
 from sshd import running_sshd
 
-from sshadapter.mcp import Bridge, DaemonLink
+from sshadapter.mcp import Bridge
+from sshadapter.mcp_daemon import DaemonLink
 from sshadapter.mcp_protocol import MAX_LINE_BYTES, SUPPORTED_VERSIONS
 from sshadapter.mcp_stdio import END, Item
 
