@@ -16,6 +16,10 @@ from sshadapter.registry import Operation, Registry
 from sshadapter.runners.interface import RunResult
 
 CHECK_REQUEST_ID = "req.check000000"  # envelopes are sealed with this, then it is dropped
+MCP_SERVER_PREFIX = "mcp__sshadapter__"
+"""Claude Code names a server's tool ``mcp__<server>__<tool>`` (the README's server name)."""
+MODEL_TOOL_NAME_MAX = 64  # the model APIs' cap on a tool name (Anthropic, OpenAI, Gemini)
+MCP_TOOL_NAME_MAX = MODEL_TOOL_NAME_MAX - len(MCP_SERVER_PREFIX)  # 47
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,20 @@ def check_registry(registry: Registry) -> list[Row]:
                 for kind, stdout in derive(op, fixture.stdout):
                     rows.append(_run(op, fixture, kind, stdout, NEAR_MISS_EXPECT))
     return rows
+
+
+def warnings(registry: Registry) -> list[str]:
+    """What loads and works, but will not work everywhere: one line each, naming the file."""
+    found = []
+    for op in registry.operations.values():
+        if len(op.name) > MCP_TOOL_NAME_MAX:
+            found.append(
+                f"{op.file}: tool name is {len(op.name)} characters: MCP hosts that prefix "
+                f"{MCP_SERVER_PREFIX} (Claude Code) hit the {MODEL_TOOL_NAME_MAX}-character cap "
+                f"of the model APIs above {MCP_TOOL_NAME_MAX}"
+            )
+        found += [f"{op.file}: {key}: {text}" for key, text in op.warnings]
+    return found
 
 
 def _run(

@@ -1,4 +1,4 @@
-"""The command line: ``sshadapter serve | call | list | check | schema | demo | audit verify``.
+"""The command line: ``sshadapter serve | call | list | mcp | check | schema | demo | audit``.
 
 Exit status: 0 success, 1 a check missed or a call failed, 2 a usage or
 configuration error. An operator's mistake is one line naming the file, the
@@ -13,22 +13,29 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from sshadapter import __version__, client
-from sshadapter.check import check_registry, format_table
-from sshadapter.config import DEFAULT_CONFIG_PATH, Config, load_config
 from sshadapter.errors import ConfigError
-from sshadapter.registry import Registry, load_registry
+
+if TYPE_CHECKING:
+    from sshadapter.config import Config
+    from sshadapter.registry import Registry
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["mcp"]:
+        # An agent host starts `sshadapter mcp` for every session: it parses its own options
+        # and loads neither pydantic nor the schema libraries (half its start-up time and
+        # RSS; tests/bench/bench_mcp.py). The other commands import them where they are used.
+        return _mcp_main(words[1:])
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(words)
     if not getattr(args, "command", None):
         parser.print_usage(sys.stderr)
         return EXIT_USAGE
@@ -39,6 +46,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+
+
+def _mcp_main(words: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="sshadapter mcp", description=MCP_HELP)
+    _add_socket(parser)
+    try:
+        return _cmd_mcp(parser.parse_args(words))
+    except KeyboardInterrupt:
+        return 130
+
+
+MCP_HELP = "serve MCP on stdio (for an agent host), forwarding each call to the daemon"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_socket(list_)
     list_.set_defaults(handler=_cmd_list)
 
+    mcp = sub.add_parser("mcp", help=MCP_HELP)
+    _add_socket(mcp)
+    mcp.set_defaults(handler=_cmd_mcp)
+
     demo = sub.add_parser(
         "demo",
         help="run the daemon against an embedded SSH target, "
@@ -105,6 +128,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_config(parser: argparse.ArgumentParser) -> None:
+    from sshadapter.config import DEFAULT_CONFIG_PATH
+
     parser.add_argument(
         "--config",
         type=Path,
@@ -124,6 +149,7 @@ def _add_socket(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from sshadapter.config import DEFAULT_CONFIG_PATH
     from sshadapter.daemon import run_daemon
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -143,8 +169,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return asyncio.run(run_demo())
 
 
+def _cmd_mcp(args: argparse.Namespace) -> int:
+    from sshadapter.mcp import run_bridge
+
+    # stderr only: stdout carries nothing but protocol lines (sshadapter.mcp_stdio).
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="sshadapter mcp: %(levelname)s %(message)s"
+    )
+    return asyncio.run(run_bridge(args.socket))
+
+
 def _cmd_audit_verify(args: argparse.Namespace) -> int:
     from sshadapter.audit_verify import verify
+    from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
 
     paths = args.paths
     if not paths:
@@ -192,6 +229,9 @@ def _load(args: argparse.Namespace) -> tuple[Config, Registry]:
 
 def _load_with_path(args: argparse.Namespace) -> tuple[Path | None, Config, Registry]:
     """The configuration file used (None: built-in defaults), it, and its registry."""
+    from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
+    from sshadapter.registry import load_registry
+
     path = args.config
     if path is None and DEFAULT_CONFIG_PATH.is_file():
         path = DEFAULT_CONFIG_PATH
@@ -208,11 +248,12 @@ def _load_for_check(args: argparse.Namespace) -> tuple[Path | None, Registry]:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    from sshadapter.check import check_registry, format_table, warnings
+
     config_path, registry = _load_for_check(args)
     rows = check_registry(registry)
-    for op in registry.operations.values():
-        for key, text in op.warnings:
-            print(f"sshadapter: warning: {op.file}: {key}: {text}", file=sys.stderr)
+    for warning in warnings(registry):  # not a miss: the exit status stays the table's
+        print(f"sshadapter: warning: {warning}", file=sys.stderr)
     if config_path is None:
         print(
             "sshadapter: note: no configuration file, so host aliases were not checked "

@@ -193,6 +193,12 @@ class CommandFile(_Table):
     argv: tuple[Annotated[str, Field(max_length=4096)], ...] = Field(min_length=1, max_length=256)
     timeout_seconds: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_SECONDS)] = DEFAULT_TIMEOUT_SECONDS
     idempotent: bool = False
+    read_only: bool = False
+    """The command changes nothing on the host: published as MCP ``readOnlyHint``.
+
+    An operator's statement, never inferred from argv. Hosts let read-only tools
+    run without a confirmation (Claude Code's plan mode blocks the others).
+    """
     allow: Allow | None = None
     params: dict[Annotated[str, Field(pattern=PARAM_NAME)], dict[str, Any]] = {}
     output: OutputSection

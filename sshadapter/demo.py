@@ -5,8 +5,9 @@ directory) plays two remote hosts: ``local`` runs the example commands for
 real on this machine (df, cat /proc/loadavg, findmnt, systemctl), and ``ci``
 plays a CI, review and deployment system whose answers include the article's
 failure modes. The daemon runs on a temporary socket with the shipped
-``commands/`` and ``schemas/``, a client makes calls an agent would make, and
-the rejection counts are printed at the end. Everything is removed afterwards.
+``commands/`` and ``schemas/``, a client makes calls an agent would make, the
+rejection counts are printed, and then an MCP host's session goes through
+``sshadapter mcp`` (list and two calls). Everything is removed afterwards.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import shlex
+import sys
 import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -229,6 +231,8 @@ async def run_demo(out: Callable[[str], None] = print) -> int:
             for line in service.metrics.exposition().decode().splitlines():
                 if line.startswith("sshadapter_rejections_total"):
                     out("  " + line)
+            out("")
+            await _mcp_session(config.server.socket_path, out)
         finally:
             daemon.stop()
             await serving
@@ -236,6 +240,75 @@ async def run_demo(out: Callable[[str], None] = print) -> int:
             with contextlib.suppress(Exception):
                 await server.wait_closed()
     return 0
+
+
+MCP_CALLS: Final[list[tuple[str, dict[str, Any]]]] = [
+    ("disk_usage", {"path": "/"}),
+    ("deploy_status", {"environment": "staging"}),
+]
+MCP_TIMEOUT_SECONDS: Final = 30.0
+
+
+async def _mcp_session(socket_path: Path, out: Callable[[str], None]) -> None:
+    """The same daemon through `sshadapter mcp`, as an agent host (Claude Code, Codex...) uses it.
+
+    The host starts the bridge, says initialize, lists the tools and calls two: one
+    JSON-RPC line each way on the bridge's stdin and stdout.
+    """
+    argv = ["sshadapter", "mcp", "--socket", str(socket_path)]
+    out("# the same daemon through MCP, as an agent host starts it (one JSON-RPC line each way)")
+    out("$ " + shlex.join(argv))
+    bridge = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "sshadapter.cli",
+        *argv[1:],
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert bridge.stdin is not None and bridge.stdout is not None
+    requests = [
+        ("initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": DEMO}),
+        ("tools/list", {}),
+        *(("tools/call", {"name": tool, "arguments": args}) for tool, args in MCP_CALLS),
+    ]
+    try:
+        async with asyncio.timeout(MCP_TIMEOUT_SECONDS):
+            for number, (method, params) in enumerate(requests, 1):
+                line = orjson.dumps(
+                    {"jsonrpc": "2.0", "id": number, "method": method, "params": params}
+                )
+                out(f"> {line.decode()}")
+                bridge.stdin.write(line + b"\n")
+                if method == "initialize":
+                    bridge.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+                await bridge.stdin.drain()
+                out(f"< {_mcp_summary(method, orjson.loads(await bridge.stdout.readline()))}")
+    finally:
+        bridge.stdin.close()  # end of input: the bridge exits
+        await bridge.wait()
+
+
+def _mcp_summary(method: str, answer: dict[str, Any]) -> str:
+    """What a host gets, shortened where it repeats itself (schemas, the text mirror)."""
+    result = answer["result"]
+    if method == "initialize":
+        return orjson.dumps({k: result[k] for k in ("protocolVersion", "capabilities")}).decode()
+    if method == "tools/list":
+        hints = (
+            f"{t['name']}{' (read-only)' if t['annotations']['readOnlyHint'] else ''}"
+            for t in result["tools"]
+        )
+        return f"{len(result['tools'])} tools, each with its input and output schema: " + ", ".join(
+            hints
+        )
+    return (
+        f"isError {str(result['isError']).lower()}, structuredContent (and the same text): "
+        + orjson.dumps(result["structuredContent"]).decode()
+    )
+
+
+DEMO: Final = {"name": "sshadapter-demo", "version": "1"}
 
 
 async def _call(path: Path, tool: str, args: dict[str, Any]) -> Any:

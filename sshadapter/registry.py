@@ -130,7 +130,9 @@ class Registry:
     schemas: SchemaSet
     source: RegistrySource
     digest: str
-    """``source.digest``: tells one loaded set from another (reloads, workers, `list`)."""
+    """``sha256:`` + ``source.digest``: changes whenever any command file or schema does.
+    Sent with `list`, so a client that caches the list (``sshadapter mcp``) notices a
+    reload without comparing schemas."""
 
     def get(self, name: str) -> Operation | None:
         return self.operations.get(name)
@@ -150,7 +152,7 @@ def build_registry(source: RegistrySource, *, hosts: Collection[str] | None) -> 
     for name, raw in sorted(source.commands.items()):
         operation = load_operation(source.commands_dir / name, schemas, hosts=hosts, raw=raw)
         operations[operation.name] = operation
-    return Registry(operations, schemas, source, source.digest)
+    return Registry(operations, schemas, source, f"sha256:{source.digest}")
 
 
 def load_operation(
@@ -180,8 +182,7 @@ def load_operation(
         name,
         version=spec.version,
         description=spec.description,
-        fields=spec.agent.fields,
-        output=schema,
+        projection=schemas.project(schema, spec.agent.fields),
         declares_not_found="NOT_FOUND" in spec.output.meanings,
     )
     return Operation(

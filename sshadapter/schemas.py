@@ -16,13 +16,15 @@ shows they agree on every fixture and near-miss.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import jsonschema
 import jsonschema_rs
+import referencing.exceptions
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
@@ -50,6 +52,25 @@ REFERENCE_FORMATS.checks("date-time")(is_date_time)
 def _refuse_retrieval(uri: str) -> Any:
     """jsonschema-rs fetches unknown ``$ref`` targets over HTTP by default; never here."""
     raise LookupError(f"$ref {uri} is not a file in schemas/ (nothing is fetched)")
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Some top-level properties of a schema file, made self-contained for publication.
+
+    What an agent is shown of the output schema (DESIGN.md stage 10): only the
+    projected fields' subschemas, nothing of the file around them (its title,
+    its description of the upstream command, the fields never projected), and
+    every ``$ref`` inside them rewritten to ``#/$defs/<name>`` of the document
+    they are published in, with ``defs`` holding each target once. Nothing
+    points outside that document: 2026-07-28 clients must not fetch a ``$ref``
+    (SEP-2106), and the TypeScript SDK v1 fails its whole ``listTools()`` on one
+    it cannot resolve.
+    """
+
+    properties: Mapping[str, Any]
+    required: tuple[str, ...]
+    defs: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -115,6 +136,55 @@ class SchemaSet:
         except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as exc:
             raise ConfigError(file, "", f"schema does not compile: {_first_line(exc)}") from exc
         return Validator(compiled)
+
+    def project(self, schema: LoadedSchema, fields: Sequence[str]) -> Projection:
+        """The subschemas of ``fields`` (top-level properties of ``schema``), self-contained."""
+        defs: dict[str, Any] = {}
+        names: dict[int, str] = {}  # id() of a $ref target in the registry -> its $defs key
+
+        def target(ref: str, resolver: Any) -> str:
+            try:
+                resolved = resolver.lookup(ref)
+            except referencing.exceptions.Unresolvable as exc:  # the loader resolved them all
+                raise ConfigError(schema.name, "$ref", f"cannot resolve {ref}") from exc
+            key = names.get(id(resolved.contents))
+            if key is None:
+                stem = _DEFS_NAME.sub("_", ref.rstrip("/").rsplit("/", 1)[-1]) or "ref"
+                key, suffix = stem, 1
+                while key in defs:  # two targets with the same last segment
+                    suffix += 1
+                    key = f"{stem}_{suffix}"
+                names[id(resolved.contents)] = key
+                defs[key] = {}  # reserved before the walk, so a recursive $ref finds it
+                defs[key] = walk(resolved.contents, resolved.resolver)
+            return key
+
+        def walk(node: Any, resolver: Any) -> Any:
+            if not isinstance(node, dict):
+                return node  # true/false, or a keyword's data value
+            if "$id" in node:  # an embedded resource: its refs resolve against its own $id
+                resolver = resolver.in_subresource(DRAFT202012.create_resource(node))
+            out: dict[str, Any] = {}
+            for key, value in node.items():
+                if key in ("$id", "$schema", "$anchor", "$dynamicAnchor"):
+                    continue  # the published document has one $id and one dialect
+                if key == "$ref":
+                    out[key] = f"#/$defs/{target(value, resolver)}"
+                elif key in _ONE:
+                    out[key] = walk(value, resolver)
+                elif key in _LIST:
+                    out[key] = [walk(sub, resolver) for sub in value]
+                elif key in _MAP:
+                    out[key] = {name: walk(sub, resolver) for name, sub in value.items()}
+                else:
+                    out[key] = value
+            return out
+
+        root = self._py_registry.resolver(base_uri=schema.uri)
+        properties = schema.contents.get("properties", {})
+        projected = {name: walk(properties[name], root) for name in fields}
+        required = tuple(name for name in fields if name in schema.contents.get("required", ()))
+        return Projection(projected, required, defs)
 
     def reference_validator(self, schema: Mapping[str, Any]) -> jsonschema.Validator:
         """The pure-Python validator, used by tests to check the two libraries agree."""
@@ -204,6 +274,7 @@ _ONE: Final = (
 )
 _LIST: Final = ("allOf", "anyOf", "oneOf", "prefixItems")
 _MAP: Final = ("properties", "patternProperties", "$defs", "dependentSchemas")
+_DEFS_NAME: Final = re.compile(r"[^A-Za-z0-9_.-]")  # what a $defs key may hold, unescaped
 _CONDITIONS: Final = ("if", "not", "contains", "propertyNames")
 _COMPOSED: Final = ("allOf", "anyOf", "oneOf", "then", "else")
 # Not `not`: `{"not": {"type": "null"}}` still accepts any object, array or string.

@@ -157,7 +157,7 @@ class Service:
         try:
             request = receive(line, self.max_request_bytes)  # 1
             if request.op == "list":
-                return _line({"tools": self.tools_for(peer)})
+                return _line({"tools": self.tools_for(peer), "digest": self.registry.digest})
             op = self.registry.get(request.tool)
             if op is None:
                 raise RequestError("unknown_tool")
@@ -177,6 +177,8 @@ class Service:
                 "name": op.name,
                 "description": op.spec.description,
                 "version": op.spec.version,
+                "read_only": op.spec.read_only,
+                "idempotent": op.spec.idempotent,
                 "input_schema": op.params_schema,
                 "output_schema": op.envelope_schema,
             }

@@ -69,6 +69,26 @@ def test_check_passes_on_the_examples() -> None:
     ]
 
 
+@pytest.mark.parametrize(("length", "warned"), [(47, False), (48, True)])
+def test_check_warns_about_a_tool_name_too_long_for_mcp_hosts(
+    examples: Path, length: int, warned: bool
+) -> None:
+    """A name over 47 characters (mcp__sshadapter__ + 47 = 64) is one warning; exit stays 0."""
+    name = "load_average_" + "x" * (length - len("load_average_"))
+    commands = examples / "commands"
+    (commands / "load_average.toml").rename(commands / f"{name}.toml")
+    (commands / "load_average.fixtures").rename(commands / f"{name}.fixtures")
+    done = run_cli("check", cwd=examples)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if "warning" in line]
+    if warned:
+        assert len(lines) == 1
+        assert lines[0].startswith(f"sshadapter: warning: {commands / name}.toml: ")
+        assert "48 characters" in lines[0] and "mcp__sshadapter__" in lines[0]
+    else:
+        assert lines == []
+
+
 def test_check_json_lists_fixtures_and_near_misses() -> None:
     """`check --json` is a list of closed rows covering fixtures and every kind of near-miss."""
     done = run_cli("check", "--json")

@@ -149,6 +149,25 @@ def test_minimal_operation_loads(tmp_path: Path) -> None:
     assert op.exit_meaning(3) is None
 
 
+def test_read_only_is_false_unless_the_operator_says_so(tmp_path: Path) -> None:
+    """`read_only` defaults to false, is taken as written, and must be a boolean."""
+    for sub in "abc":
+        (tmp_path / sub).mkdir()
+    assert load(tmp_path / "a").operations["item_status"].spec.read_only is False
+    said = load(tmp_path / "b", replaced('host = "ci"', 'host = "ci"\nread_only = true'))
+    assert said.operations["item_status"].spec.read_only is True
+    exc = refused(tmp_path / "c", replaced('host = "ci"', 'host = "ci"\nread_only = "maybe"'))
+    assert exc.key == "read_only"
+
+
+def test_every_shipped_operation_is_marked_read_only() -> None:
+    """The examples only read: each says so, so MCP hosts may run them without asking."""
+    root = Path(__file__).resolve().parents[1]
+    shipped = load_registry(root / "commands", root / "schemas", hosts=None)
+    assert shipped.operations
+    assert all(op.spec.read_only for op in shipped.operations.values())
+
+
 # --- unknown keys -------------------------------------------------------------------------------
 
 

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_demo_shows_accepted_and_rejected_results_and_cleans_up() -> None:
-    """The demo prints envelopes for real and scripted calls, the counters, and leaves nothing."""
+    """The demo prints envelopes for real and scripted calls, the counters, an MCP session,
+    and leaves nothing behind."""
     before = set(Path(tempfile.gettempdir()).glob("sshadapter-demo-*"))
     done = subprocess.run(
         [sys.executable, "-m", "sshadapter.cli", "demo"],
@@ -41,4 +42,18 @@ def test_demo_shows_accepted_and_rejected_results_and_cleans_up() -> None:
         'sshadapter_rejections_total{reason="schema_mismatch",stage="schema",'
         'tool="deploy_status"} 1.0'
     ) in done.stdout
+    # The MCP session: requests as a host writes them, what it gets back.
+    requests = [json.loads(line[2:]) for line in lines if line.startswith("> ")]
+    assert [r["method"] for r in requests] == [
+        "initialize",
+        "tools/list",
+        "tools/call",
+        "tools/call",
+    ]
+    answers = [line[2:] for line in lines if line.startswith("< ")]
+    assert answers[1].startswith("7 tools, each with its input and output schema: deploy_status")
+    success, failure = (json.loads(a.split(": ", 1)[1]) for a in answers[2:])
+    assert answers[2].startswith("isError false") and success["outcome"] == "success"
+    assert answers[3].startswith("isError true")
+    assert failure["error"] == {"code": "INVALID_RESPONSE", "retryable": False}
     assert set(Path(tempfile.gettempdir()).glob("sshadapter-demo-*")) == before
