@@ -349,24 +349,23 @@ class Daemon:
         reader, server = conn.reader, self.config.server
         drops = self.service.metrics.client_drops
         peer = peer_of(writer.get_extra_info("socket"))
+        loop = asyncio.get_running_loop()
         while True:  # during the drain, until the bytes already read run out
+            first = b""
             try:
-                # asyncio.timeout, not wait_for: no extra Task per read on the hot path.
-                async with asyncio.timeout(server.idle_timeout_seconds):
+                # One timeout per request (asyncio.timeout, not wait_for: no extra Task):
+                # the idle timeout until its first byte, then the read timeout for the rest.
+                async with asyncio.timeout(server.idle_timeout_seconds) as limit:
                     first = await reader.readexactly(1)
+                    rest = b""
+                    if first != b"\n":
+                        limit.reschedule(loop.time() + server.read_timeout_seconds)
+                        rest = await reader.readuntil(b"\n")
             except TimeoutError:
-                drops.labels("idle_timeout").inc()
+                drops.labels("read_timeout" if first else "idle_timeout").inc()
                 return
             except asyncio.IncompleteReadError:
                 return  # gone, or nothing left to read once the drain began
-            try:
-                rest = b""
-                if first != b"\n":
-                    async with asyncio.timeout(server.read_timeout_seconds):
-                        rest = await reader.readuntil(b"\n")
-            except TimeoutError:
-                drops.labels("read_timeout").inc()
-                return
             except asyncio.LimitOverrunError:
                 # Over max_request_bytes without a newline: answer, then drop the connection
                 # since the rest of the line cannot be told apart from a next request.
@@ -385,6 +384,8 @@ class Daemon:
 
     async def _deliver(self, writer: asyncio.StreamWriter) -> bool:
         """Wait until the client has taken the answer; drop a client that does not."""
+        if not writer.transport.get_write_buffer_size():
+            return True  # the kernel took all of it already: the usual case, nothing to wait for
         try:
             async with asyncio.timeout(self.config.server.write_timeout_seconds):
                 await writer.drain()

@@ -10,7 +10,7 @@ Nothing a client or a remote side sends becomes a label.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import (
     CollectorRegistry,
@@ -108,6 +108,7 @@ class Metrics:
         self.reloads = Counter(
             "sshadapter_reloads", "Reloads of commands and schemas.", ["result"], registry=r
         )
+        self._children: dict[tuple[str, str, str | None], tuple[Any, Any]] = {}
         for reason in CLIENT_DROP_REASONS:  # every series exists from the start, at 0
             self.client_drops.labels(reason)
         build = Gauge(
@@ -135,7 +136,15 @@ class Metrics:
         evidence: it is counted in calls_total only, so the rejections alert means what
         it says (docs/metrics.md).
         """
-        self.calls.labels(tool, outcome, code or "none").inc()
-        self.duration.labels(tool).observe(seconds)
+        key = (tool, outcome, code)
+        children = self._children.get(key)
+        if children is None:  # labels() takes a lock and builds a tuple: once per label set
+            children = (
+                self.calls.labels(tool, outcome, code or "none"),
+                self.duration.labels(tool),
+            )
+            self._children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
         if rejection is not None:
             self.rejections.labels(tool, *rejection).inc()

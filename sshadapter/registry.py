@@ -14,10 +14,11 @@ import importlib
 import re
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from sshadapter import envelope
+from sshadapter import __version__, envelope
 from sshadapter.argv import ArgvTemplate, parse_template
 from sshadapter.commandfile import CommandFile, parse_command_file, read_command_bytes
 from sshadapter.errors import ConfigError, EvidenceError, RequestError
@@ -74,6 +75,18 @@ class Operation:
     """The same minus re-validating data values: every response (see envelope_guard_schema)."""
     warnings: tuple[tuple[str, str], ...] = ()
     """(key, text) an operator should read: `sshadapter check` prints them, loads log them."""
+
+    @cached_property
+    def audit_fields(self) -> Mapping[str, Any]:
+        """What every audit record of this operation says of it (built once, not per call)."""
+        return {
+            "tool": self.name,
+            "tool_version": self.spec.version,
+            "command_sha256": self.sha256,
+            "schema_sha256": self.schema.sha256,
+            "adapter_version": __version__,
+            "host": self.spec.host,
+        }
 
     def command(self, args: Mapping[str, Any]) -> str:
         """The exact remote command string: every element shell-quoted once."""

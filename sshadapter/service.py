@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import orjson
 
-from sshadapter import __version__, envelope
+from sshadapter import envelope
 from sshadapter.audit import AuditLog, now_text
 from sshadapter.authorize import Callers, Peer, resolve
 from sshadapter.config import Allow
@@ -370,13 +370,8 @@ class CallRecord:
             "type": kind,
             "time": now_text(),
             "request_id": self.request_id,
-            "tool": self.op.name,
-            "tool_version": self.op.spec.version,
-            "command_sha256": self.op.sha256,
-            "schema_sha256": self.op.schema.sha256,
-            "adapter_version": __version__,
+            **self.op.audit_fields,
             "caller": {"uid": self.peer.uid, "gid": self.peer.gid, "pid": self.peer.pid},
-            "host": self.op.spec.host,
             "command": self.command,
         }
 
