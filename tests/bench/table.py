@@ -25,7 +25,8 @@ class Row:
 
     def format(self, width: int) -> str:
         unit = f" {self.unit}" if self.unit else ""
-        measured = f"{self.measured:.2f}{unit}"
+        places = 3 if self.unit == "x" else 2  # a ratio near its target needs the third digit
+        measured = f"{self.measured:.{places}f}{unit}"
         target = f"{self.sense} {self.target:g}{unit}"
         verdict = "PASS" if self.ok else "FAIL"
         detail = f"  {self.detail}" if self.detail else ""
