@@ -112,28 +112,41 @@ async def probe(
 
 
 class AgentPool:
-    """Idle agent connections to one daemon, one per small call in flight."""
+    """Idle agent connections to one daemon, one per small call in flight.
+
+    A connection idle for REUSE_SECONDS is replaced rather than reused: the daemon
+    closes idle ones (server.idle_timeout_seconds, 60 s by default).
+    """
+
+    REUSE_SECONDS: Final = 20.0
 
     def __init__(self, socket: Path) -> None:
         self.socket = socket
-        self.idle: list[h.AgentConn] = []
+        self.idle: list[tuple[h.AgentConn, float]] = []
 
     async def fill(self, count: int) -> None:
         while len(self.idle) < count:
-            self.idle.append(await h.AgentConn.open(self.socket))
+            self.idle.append((await h.AgentConn.open(self.socket), time.monotonic()))
 
     async def call(self, n: int) -> str | None:
-        conn = self.idle.pop() if self.idle else await h.AgentConn.open(self.socket)
+        conn = None
+        while self.idle and conn is None:
+            conn, used = self.idle.pop()
+            if time.monotonic() - used > self.REUSE_SECONDS:
+                await conn.close()
+                conn = None
+        if conn is None:
+            conn = await h.AgentConn.open(self.socket)
         try:
             failure = await conn.call(h.status_line(n))
         except BaseException:
             await conn.close()
             raise
-        self.idle.append(conn)
+        self.idle.append((conn, time.monotonic()))
         return failure
 
     async def close(self) -> None:
-        for conn in self.idle:
+        for conn, _ in self.idle:
             await conn.close()
         self.idle.clear()
 
