@@ -308,8 +308,16 @@ def report(rounds: list[dict[str, Sample]]) -> None:
     vs_idle = [p(r["load daemon"].small_ms, 90) / p(r["idle daemon"].small_ms, 90) for r in rounds]
     vs_raw = [p(r["load daemon"].small_ms, 90) / p(r["load raw"].small_ms, 90) for r in rounds]
     print(
-        "\nper round: "
+        "\nper round, load/idle and daemon/raw: "
         + ", ".join(f"{a:.2f} / {b:.2f}" for a, b in zip(vs_idle, vs_raw, strict=True))
+    )
+
+    def pooled(phase: str) -> float:
+        return p([x for r in rounds for x in r[phase].small_ms], 90)
+
+    print(
+        f"all rounds pooled: {pooled('load daemon') / pooled('idle daemon'):.2f} / "
+        f"{pooled('load daemon') / pooled('load raw'):.2f}"
     )
     rows = [
         Row(

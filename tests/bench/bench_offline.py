@@ -8,8 +8,8 @@ A benchmark, not a test: it always exits 0 and prints PASS/FAIL per target.
 the package's public functions: ``evaluate()`` + ``seal()`` +
 ``orjson.dumps(envelope)``. Each is timed against a floor measured in the same
 run, interleaved round by round, call by call in a shuffled order, so machine
-noise hits every case alike (medians of single calls, time.perf_counter_ns, GC
-on as in the daemon). Three operations, loaded with ``load_registry``:
+noise hits every case alike (medians of single calls, GC on as in the daemon;
+thread CPU time, see ``run_interleaved``). Three operations, loaded with ``load_registry``:
 
   bench_rows   JSON rows with 11 fields each (patterns, enums, date-times),
                checks.equal and checks.fresh; at ~1 KB, ~100 KB, ~1 MB.
@@ -58,6 +58,7 @@ BUDGET_S: Final = 40.0  # the main comparison; the breakdown gets a quarter of t
 QUICK_BUDGET_S: Final = 8.0
 MIN_ROUNDS, MAX_ROUNDS = 5, 400
 SLICE_NS: Final = 2_000_000  # per case per round: ~2 ms of calls (at least one)
+CLOCK_CALIBRATION_PAIRS: Final = 2001
 JSON_SIZES: Final = {"1 KB": 1_000, "100 KB": 100_000, "1 MB": 1_000_000}
 LINE_COUNTS: Final = {"1k lines": 1_000, "10k lines": 10_000}
 NOW: Final = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -336,9 +337,25 @@ def stage(op: Operation, stdout: bytes) -> bytes:
 Key = tuple[str, str]  # (case, what)
 
 
+def clock_cost_ns() -> int:
+    """What one pair of thread_time_ns() calls adds to a measured interval (a syscall each)."""
+    clock = time.thread_time_ns
+    pairs = []
+    for _ in range(CLOCK_CALIBRATION_PAIRS):
+        t0 = clock()
+        pairs.append(clock() - t0)
+    return int(statistics.median(pairs))
+
+
 def run_interleaved(cases: dict[Key, Callable[[], object]], budget_s: float) -> dict[Key, float]:
-    """Median ns per case. Each round runs every case for about SLICE_NS, one call at a time in
-    a shuffled order, so no case gets caches warmed by a run of its own calls."""
+    """Median CPU ns per case. Each round runs every case for about SLICE_NS, one call at a time
+    in a shuffled order, so no case gets caches warmed by a run of its own calls.
+
+    The clock is the thread's CPU time (CLOCK_THREAD_CPUTIME_ID), its own cost subtracted: on
+    this shared machine a 40 ms call is nearly always preempted by other work, which wall time
+    would count and CPU time does not. On a quiet machine the two agree.
+    """
+    cost = clock_cost_ns()
     calls = {}
     for key, fn in cases.items():  # warm up and calibrate
         for _ in range(3):
@@ -349,7 +366,7 @@ def run_interleaved(cases: dict[Key, Callable[[], object]], budget_s: float) -> 
     samples: dict[Key, list[int]] = {key: [] for key in cases}
     schedule = [key for key in cases for _ in range(calls[key])]
     shuffle = random.Random(7).shuffle
-    clock = time.perf_counter_ns
+    clock = time.thread_time_ns
     start = time.monotonic()
     rounds = 0
     while rounds < MAX_ROUNDS and (rounds < MIN_ROUNDS or time.monotonic() - start < budget_s):
@@ -358,12 +375,12 @@ def run_interleaved(cases: dict[Key, Callable[[], object]], budget_s: float) -> 
             fn = cases[key]
             t0 = clock()
             fn()
-            samples[key].append(clock() - t0)
+            samples[key].append(clock() - t0 - cost)
         rounds += 1
     counts = sorted(map(len, samples.values()))
     print(
-        f"  ({rounds} rounds, {time.monotonic() - start:.1f} s, "
-        f"samples per case {counts[0]}-{counts[-1]})",
+        f"  ({rounds} rounds, {time.monotonic() - start:.1f} s, samples per case "
+        f"{counts[0]}-{counts[-1]}; thread CPU time, clock cost {cost} ns subtracted)",
         flush=True,
     )
     return {key: statistics.median(s) for key, s in samples.items()}

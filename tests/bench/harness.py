@@ -65,6 +65,7 @@ CALL_TIMEOUT_SECONDS: Final = 120.0  # per call in the driver: a hang is a failu
 READY_TIMEOUT_SECONDS: Final = 120.0  # a daemon imports ~65 MB of modules; a loaded box is slow
 STOP_TIMEOUT_SECONDS: Final = 30.0  # SIGTERM drains in-flight calls; then SIGKILL
 LOOP_DUMP_TIMEOUT_SECONDS: Final = 30.0
+LEFTOVER_GRACE_SECONDS: Final = 3.0  # a daemon's own children may exit just after it
 IDS: Final = [f"bench-{i:04d}" for i in range(1000)]  # project ids cycled through by every caller
 FSYNC_MODES: Final = ("never", "batch", "always")
 
@@ -567,7 +568,9 @@ class Daemon:
                 self.process.wait()
         if self.process.returncode not in (0, -signal.SIGTERM):
             warnings.append(f"daemon {self.name} exited {self.process.returncode}: {self.tail()}")
-        time.sleep(0.1)
+        deadline = time.monotonic() + LEFTOVER_GRACE_SECONDS
+        while any(_alive(pid) for pid in below) and time.monotonic() < deadline:
+            time.sleep(0.05)  # e.g. a resource tracker exits once its users have gone
         left = [pid for pid in below if _alive(pid)]
         if left:
             warnings.append(f"daemon {self.name} left processes {left}: killed")
