@@ -354,10 +354,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=0, help="override the number of rounds")
     parser.add_argument("--fsync", choices=h.FSYNC_MODES, default="always")
     parser.add_argument("--seed", type=int, default=7, help="shuffle seed")
-    try:
-        asyncio.run(amain(parser.parse_args()))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("interrupted: everything started was stopped", file=sys.stderr)
+    h.run(amain(parser.parse_args()))
 
 
 if __name__ == "__main__":

@@ -489,10 +489,7 @@ def main() -> None:
         help="also run a daemon with fsync MODE and experimental fixes from daemon_patches.py "
         f"({', '.join(sorted(PATCHES))}), paired and interleaved like the others",
     )
-    try:
-        asyncio.run(amain(parser.parse_args()))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("interrupted: everything started was stopped", file=sys.stderr)
+    h.run(amain(parser.parse_args()))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -712,6 +712,14 @@ async def bench_env(
         loop.remove_signal_handler(signal.SIGTERM)
         for warning in warnings:
             print(f"warning: {warning}", flush=True)
+
+
+def run(main: Coroutine[Any, Any, None]) -> None:
+    """asyncio.run(main); an interrupted run says so (bench_env has cleaned up by then)."""
+    try:
+        asyncio.run(main)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("interrupted: everything started was stopped", file=sys.stderr)
 
 
 def filesystem_of(path: Path) -> str:

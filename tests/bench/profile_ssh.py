@@ -235,10 +235,7 @@ def main() -> None:
     )
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the daemon")
     parser.add_argument("--keep", default="", help="also save py-spy's collapsed stacks here")
-    try:
-        asyncio.run(amain(parser.parse_args()))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("interrupted: everything started was stopped", file=sys.stderr)
+    h.run(amain(parser.parse_args()))
 
 
 if __name__ == "__main__":
