@@ -1,6 +1,6 @@
 """Issue 9 defect 6: do agents pulling big outputs slow everyone's small calls?
 
-Run: ``python tests/bench/bench_load.py`` (about 2.5 min; ``--quick`` about 1 min).
+Run: ``python tests/bench/bench_load.py`` (about 2.2 min; ``--quick`` about 45 s).
 A benchmark, not a test: it always exits 0 and prints PASS/FAIL per target.
 
 One daemon (``--fsync``, default ``always`` as shipped) and raw asyncssh in this
@@ -350,7 +350,7 @@ def report(rounds: list[dict[str, Sample]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 short rounds (about 1 min)")
+    parser.add_argument("--quick", action="store_true", help="3 short rounds (about 45 s)")
     parser.add_argument("--rounds", type=int, default=0, help="override the number of rounds")
     parser.add_argument("--fsync", choices=h.FSYNC_MODES, default="always")
     parser.add_argument("--seed", type=int, default=7, help="shuffle seed")

@@ -1,6 +1,6 @@
 """End-to-end benchmark over a real OpenSSH sshd: issue 13's table, every row, in one run.
 
-Run: ``python tests/bench/bench_ssh.py`` (about 3.5 min; ``--quick`` about 45 s).
+Run: ``python tests/bench/bench_ssh.py`` (about 2 min; ``--quick`` about 30 s).
 A benchmark, not a test: it always exits 0 and prints PASS/FAIL per target.
 
 It starts a private sshd on 127.0.0.1 (``tests/sshd.py``), writes the bench

@@ -4,7 +4,7 @@ Run by bench_load.py, not by hand: ``python big_pullers.py PARENT_PID SOCKET TOO
 Each agent is a thread with its own blocking connection to the daemon's socket,
 sending the same call again as soon as the previous response line is complete.
 The responses are read whole and checked for ``"outcome":"success"`` in their
-first bytes, not parsed: the raw pulls of the comparison parse nothing either,
+first or last bytes, not parsed: the raw pulls of the comparison parse nothing either,
 and a parse here would only add CPU load that the daemon is not responsible for.
 
 A separate process so that reading 8.4 MB responses never delays the small
@@ -27,7 +27,7 @@ from typing import Final
 
 RECV_BYTES: Final = 1024 * 1024
 SUCCESS: Final = b'"outcome":"success"'
-HEAD_BYTES: Final = 256  # the envelope's outcome member comes before its data
+EDGE_BYTES: Final = 256  # the envelope's outcome member is before or after its data
 JOIN_TIMEOUT_SECONDS: Final = 120.0
 
 
@@ -44,7 +44,8 @@ def pull(path: str, line: bytes, stop: threading.Event, stats: dict[str, list[fl
                     stats["closed"].append(time.perf_counter() - t0)
                     return
                 buffer += chunk
-            key = "ok" if SUCCESS in buffer[:HEAD_BYTES] else "failed"
+            ends = buffer[:EDGE_BYTES] + buffer[-EDGE_BYTES:]
+            key = "ok" if SUCCESS in ends else "failed"
             stats[key].append(time.perf_counter() - t0)
 
 

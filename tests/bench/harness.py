@@ -74,7 +74,7 @@ description = "Benchmark: a small JSON status document for one project."
 version = 1
 host = "bench"
 argv = ["printf", '{{"project_id":"%s","state":"ok","n":%s}}\\n', "{project_id}", "1"]
-timeout_seconds = 30
+timeout_seconds = 30.0
 idempotent = true
 
 [params.project_id]
@@ -101,7 +101,7 @@ description = "Benchmark: a JSON document of rows, {size} bytes."
 version = 1
 host = "bench"
 argv = ["cat", "{path}"]
-timeout_seconds = 120
+timeout_seconds = 120.0
 idempotent = true
 
 [output]
