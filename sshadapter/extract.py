@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
 from sshadapter.errors import EvidenceError
-from sshadapter.linear_regex import LinearPattern, group_values
+from sshadapter.linear_regex import LinearPattern
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
 FieldType = Literal["integer", "number", "boolean", "string"]
@@ -27,7 +27,12 @@ DEFAULT_MAX_ROWS: Final = 1000  # rows a text table or jsonl stream may have unl
 # Strict conversions: the whole field must have the shape, no spaces, no '+', no '0x'.
 # (The project's own patterns below are deterministic: Python's `re` runs them in linear
 # time. Operator patterns never run on `re`: see linear_regex.)
-_NUMBER: Final = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_NUMBER_TEXT: Final = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+_NUMBER: Final = re.compile(_NUMBER_TEXT)
+# Whole columns, one value a line: up to 19 digits (int64 checked after), no sign but "-".
+_INTEGER_TEXT: Final = r"-?(?:0|[1-9][0-9]{0,18})"
+_INTEGER_COLUMN: Final = re.compile(rf"{_INTEGER_TEXT}(?:\n{_INTEGER_TEXT})*")
+_NUMBER_COLUMN: Final = re.compile(rf"{_NUMBER_TEXT}(?:\n{_NUMBER_TEXT})*")
 _INT64: Final = range(-(2**63), 2**63)
 # C0 controls other than tab and newline, DEL, and C1 controls: an ANSI escape or a
 # carriage return hidden in a line is never a fact.
@@ -130,32 +135,80 @@ class LinesFormat:
             if number > len(raw_lines) or not pattern.matches(raw_lines[number - 1]):
                 raise EvidenceError("extract", "missing_header", f"line {number}")
         first = len(self.header)
-        names, spans_of, columns = self.row.groups, self.row.spans, self._columns
-        rows: list[dict[str, Any]] = []
-        for number in range(first + 1, len(raw_lines) + 1):
-            data = raw_lines[number - 1]
-            spans = spans_of(data)
-            if spans is None:
+        values_of = self.row.values
+        table: list[list[Any]] = []
+        # One line past max_rows is read: a row there is too many, anything else unmatched.
+        stop = first + self.max_rows + 1
+        for number, data, line in zip(
+            range(first + 1, stop + 1), raw_lines[first:stop], text_lines[first:stop], strict=False
+        ):
+            values = values_of(data, line)
+            if values is None:
                 raise EvidenceError("extract", "unmatched_line", f"line {number}")
-            if len(rows) == self.max_rows:
+            if len(table) == self.max_rows:
                 raise EvidenceError("extract", "too_many_rows", f"line {number}")
-            values: list[Any] = group_values(spans, data, text_lines[number - 1])
-            for index, name, converter in columns:
-                raw = values[index]
-                if raw is not None:
-                    try:
-                        values[index] = converter(raw)
-                    except ValueError as exc:
-                        kind = self.types[name]
-                        raise EvidenceError(
-                            "extract", "bad_type", f"line {number}: {name}: not {kind}"
-                        ) from exc
-            rows.append(dict(zip(names, values, strict=True)))
+            table.append(values)
+        rows = self._typed_rows(table, first)
         if self.shape == "rows":
             return {"rows": rows}
         if not rows:
             raise EvidenceError("extract", "no_rows", "shape 'one' needs exactly one row")
         return rows[0]
+
+    def _typed_rows(self, table: list[list[Any]], first: int) -> list[dict[str, Any]]:
+        """Rows as objects, each typed column converted at once (column by column)."""
+        if not table:
+            return []
+        columns: list[Sequence[Any]] = list(zip(*table, strict=True))
+        for index, name, _ in self._columns:
+            kind = self.types[name]
+            converted = convert_column(columns[index], kind)
+            if converted is None:  # somewhere a value is not of its type: say which line
+                for offset, raw in enumerate(columns[index]):
+                    if raw is not None:
+                        try:
+                            _CONVERTERS[kind](raw)
+                        except ValueError as exc:
+                            raise EvidenceError(
+                                "extract",
+                                "bad_type",
+                                f"line {first + 1 + offset}: {name}: not {kind}",
+                            ) from exc
+                raise AssertionError("a column failed with no failing value")  # pragma: no cover
+            columns[index] = converted
+        names = self.row.groups
+        return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+
+
+def convert_column(values: Sequence[str | None], kind: FieldType) -> Sequence[Any] | None:
+    """``values`` converted to ``kind``, or None if any one is not of it (the caller says which).
+
+    The same rules as the one-value converters, checked over the whole column with one
+    match of the project's own deterministic patterns and converted with ``map``.
+    """
+    if None in values:  # an optional group that did not match: value by value
+        try:
+            return [None if v is None else _CONVERTERS[kind](v) for v in values]
+        except ValueError:
+            return None
+    present: Sequence[str] = values  # type: ignore[assignment]  # no None, checked above
+    joined = "\n".join(present)
+    if kind == "integer":
+        if _INTEGER_COLUMN.fullmatch(joined) is None:
+            return None
+        integers = list(map(int, present))
+        long = max(map(len, present), default=0) > 18  # 19 digits may be over 64 bits
+        return None if long and not all(i in _INT64 for i in integers) else integers
+    if kind == "number":
+        if _NUMBER_COLUMN.fullmatch(joined) is None:
+            return None
+        numbers = list(map(float, present))
+        return numbers if all(map(math.isfinite, numbers)) else None
+    if kind == "boolean":
+        if not set(present) <= {"true", "false"}:
+            return None
+        return [v == "true" for v in present]
+    return present
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ thread CPU time, see ``run_interleaved``). Three operations, loaded with ``load_
 
   bench_rows   JSON rows with 11 fields each (patterns, enums, date-times),
                checks.equal and checks.fresh; at ~1 KB, ~100 KB, ~1 MB.
-  mounts       the shipped schemas/mount_info.v1.json ($ref, long-string patterns)
+  mounts       the shipped schemas/mount_info.v2.json ($ref, long-string patterns)
                with maxItems raised; at ~1 KB, ~100 KB, ~1 MB.
   df_rows      a ``lines`` extractor: the shipped disk_usage header and row regex
                with its 4 integer conversions, shape rows; 1k and 10k lines.
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tomllib
 import random
 import statistics
 import sys
@@ -106,7 +107,7 @@ idempotent = true
 
 [output]
 format = "json"
-schema = "mount_info.v1.json"
+schema = "mount_info.v2.json"
 max_bytes = 2097152
 max_depth = 8
 
@@ -115,6 +116,7 @@ fields = ["filesystems"]
 """
 
 DF_HEADER: Final = "Filesystem     1024-blocks      Used Available Capacity Mounted on"
+_SHIPPED_DF: Final = tomllib.loads((ROOT / "commands" / "disk_usage.toml").read_text())["output"]
 DF_ROWS_TOML: Final = """\
 description = "Benchmark: df -P rows through the lines extractor (the shipped disk_usage regex)."
 version = 1
@@ -126,22 +128,19 @@ idempotent = true
 format = "lines"
 schema = "df_rows.v1.json"
 max_bytes = 2097152
-header = ['^Filesystem +1024-blocks +Used +Available +Capacity +Mounted on$']
-row = 'ROW'
+header = [HEADER]
+row = ROW
 shape = "rows"
 max_rows = 20000
 types = TYPES
 
 [agent]
 fields = ["rows"]
-""".replace(
-    "ROW",
-    r"^(?P<filesystem>\S+) +(?P<size_kb>[0-9]+) +(?P<used_kb>[0-9]+) +(?P<available_kb>[0-9]+)"
-    r" +(?P<capacity_pct>[0-9]{1,3})% +(?P<mounted_on>/\S*)$",
+""".replace("HEADER", json.dumps(_SHIPPED_DF["header"][0])).replace(
+    "ROW", json.dumps(_SHIPPED_DF["row"])
 ).replace(
     "TYPES",
-    '{ size_kb = "integer", used_kb = "integer", available_kb = "integer", '
-    'capacity_pct = "integer" }',
+    "{ " + ", ".join(f'{k} = "{v}"' for k, v in _SHIPPED_DF["types"].items()) + " }",
 )
 
 
@@ -197,14 +196,14 @@ MAX_ROWS: Final = 20000  # mounts and df_rows: room for the 1 MB and 10k-line ca
 
 def mounts_schema() -> dict[str, Any]:
     """The shipped mount_info schema, with room for the large cases."""
-    schema: dict[str, Any] = json.loads((ROOT / "schemas" / "mount_info.v1.json").read_text())
+    schema: dict[str, Any] = json.loads((ROOT / "schemas" / "mount_info.v2.json").read_text())
     schema["properties"]["filesystems"]["maxItems"] = MAX_ROWS
     return schema
 
 
 def df_rows_schema() -> dict[str, Any]:
     """{"rows": [...]} of the shipped disk_usage row schema."""
-    row: dict[str, Any] = json.loads((ROOT / "schemas" / "disk_usage.v1.json").read_text())
+    row: dict[str, Any] = json.loads((ROOT / "schemas" / "disk_usage.v2.json").read_text())
     for key in ("$schema", "$id", "title", "description"):
         row.pop(key, None)
     return {
@@ -229,7 +228,7 @@ def load_operations(tmp: Path) -> Registry:
         (commands / f"{name}.toml").write_text(toml)
     for name, schema in (
         ("bench_rows.v1.json", BENCH_ROWS_SCHEMA),
-        ("mount_info.v1.json", mounts_schema()),
+        ("mount_info.v2.json", mounts_schema()),
         ("df_rows.v1.json", df_rows_schema()),
     ):
         (schemas / name).write_bytes(orjson.dumps(schema))
