@@ -1,4 +1,4 @@
-"""Benchmark of the offline stage (DESIGN.md "One call, stage by stage", 6-10 + seal).
+"""Benchmark of the offline stage (docs/protocol.md "Stages", 6-10 + seal).
 
 Run: ``python tests/bench/bench_offline.py``. A benchmark, not a test: it always
 exits 0 and prints PASS/MISS per target. Three results (~1 KB, ~100 KB, ~1 MB)
