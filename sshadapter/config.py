@@ -33,8 +33,8 @@ DEFAULT_READ_TIMEOUT_SECONDS: Final = 10.0  # a client that stalls mid-line is d
 # released. Generous: at 1 MB/s a client reads the largest answer (16 MiB) in 17 s.
 DEFAULT_WRITE_TIMEOUT_SECONDS: Final = 30.0
 # Processes that judge outputs over 64 KiB off the event loop (0: judge them in the loop).
-# One, at a lower priority, keeps the loop and its small calls responsive on two cores;
-# each costs ~60 MB of memory.
+# One keeps the loop and its small calls responsive on two cores; each costs ~60 MB of
+# memory. (Workers keep the daemon's CPU priority: see offload.py.)
 DEFAULT_EVALUATION_WORKERS: Final = 1
 DEFAULT_DRAIN_TIMEOUT_SECONDS: Final = 30.0  # SIGTERM waits this long for in-flight calls
 DEFAULT_QUARANTINE_MAX_BYTES: Final = 256 * 1024 * 1024  # rejected outputs kept, oldest removed

@@ -101,7 +101,8 @@ EVIDENCE_REASONS: Final[dict[str, frozenset[str]]] = {
     ),
 }
 
-# Why a request was refused before anything ran (stage `request`, audit only).
+# Why a request was refused before anything ran: stage `request`, except `not_allowed`
+# (stage `authorize`). For a known tool they are audited; the others only logged.
 REQUEST_REASONS: Final = frozenset(
     {
         # the strict JSON parser's reasons, prefixed: the line itself is not strict JSON

@@ -90,8 +90,8 @@ def test_counters_after_accepted_and_rejected_calls_pass_promtool(tmp_path: Path
     with_daemon(tmp_path, body, runner=ScriptedRunner({JOB_COMMAND: next_answer}))
 
 
-def test_alert_rules_in_the_readme_pass_promtool() -> None:
-    """prometheus/sshadapter.rules.yml, which the README shows, is valid for promtool."""
+def test_alert_rules_in_the_docs_pass_promtool() -> None:
+    """prometheus/sshadapter.rules.yml, which docs/metrics.md shows, is valid for promtool."""
     root = Path(__file__).resolve().parents[1]
     checked = subprocess.run(
         [promtool(), "check", "rules", str(root / "prometheus" / "sshadapter.rules.yml")],
@@ -101,14 +101,14 @@ def test_alert_rules_in_the_readme_pass_promtool() -> None:
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "SUCCESS: 6 rules found" in checked.stdout
-    readme = (root / "README.md").read_text()
+    shown = (root / "docs" / "metrics.md").read_text()
     for line in (root / "prometheus" / "sshadapter.rules.yml").read_text().splitlines():
         if (
             line.strip().startswith("expr: sum by (tool, stage")
             or "histogram_quantile" in line
             or "by (host, reason) (rate(" in line
         ):
-            assert line.split("expr: ", 1)[1] in readme, line
+            assert line.split("expr: ", 1)[1] in shown, line
 
 
 def check_with_promtool(text: str) -> None:

@@ -1,6 +1,6 @@
 """The request side: any bytes a caller sends get a closed envelope, never a traceback.
 
-The invariant (STYLE.md practice 10): whatever line reaches ``Service.handle``,
+The invariant (docs/protocol.md "The envelope"): whatever line reaches ``Service.handle``,
 the answer is one line holding either a `list` answer or an envelope valid
 against its published schema, and nothing the caller sent is echoed back.
 """

@@ -19,7 +19,7 @@ full, and at most one connect is in flight per host (sshd's ``MaxStartups``
 drops bursts of new connections). Callers beyond capacity wait.
 
 Errors: every asyncssh and OS exception becomes an ``UpstreamError`` in
-``_translate`` and nowhere else (STYLE.md, practice 4).
+``_translate`` and nowhere else (CONTRIBUTING.md: errors by blame, mapped in one place).
 """
 
 from __future__ import annotations

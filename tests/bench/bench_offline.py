@@ -1,4 +1,4 @@
-"""Benchmark of the offline contract stage (DESIGN.md "One call, stage by stage", 6-10 + seal).
+"""Benchmark of the offline stage (docs/protocol.md "Stages", 6-10 + seal).
 
 Run: ``python tests/bench/bench_offline.py`` (about 1 min; ``--quick`` about 15 s).
 A benchmark, not a test: it always exits 0 and prints PASS/FAIL per target.
@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import tomllib
 import random
 import statistics
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -117,7 +117,8 @@ fields = ["filesystems"]
 
 DF_HEADER: Final = "Filesystem     1024-blocks      Used Available Capacity Mounted on"
 _SHIPPED_DF: Final = tomllib.loads((ROOT / "commands" / "disk_usage.toml").read_text())["output"]
-DF_ROWS_TOML: Final = """\
+DF_ROWS_TOML: Final = (
+    """\
 description = "Benchmark: df -P rows through the lines extractor (the shipped disk_usage regex)."
 version = 1
 host = "bench"
@@ -136,11 +137,12 @@ types = TYPES
 
 [agent]
 fields = ["rows"]
-""".replace("HEADER", json.dumps(_SHIPPED_DF["header"][0])).replace(
-    "ROW", json.dumps(_SHIPPED_DF["row"])
-).replace(
-    "TYPES",
-    "{ " + ", ".join(f'{k} = "{v}"' for k, v in _SHIPPED_DF["types"].items()) + " }",
+""".replace("HEADER", json.dumps(_SHIPPED_DF["header"][0]))
+    .replace("ROW", json.dumps(_SHIPPED_DF["row"]))
+    .replace(
+        "TYPES",
+        "{ " + ", ".join(f'{k} = "{v}"' for k, v in _SHIPPED_DF["types"].items()) + " }",
+    )
 )
 
 
