@@ -151,6 +151,10 @@ class OutputSection(_Table):
         for key in required.get(self.format, ()):
             if getattr(self, key) is None:
                 raise _KeyedError(key, f"required key is missing for format {self.format!r}")
+        if self.shape == "one" and self.max_rows not in (None, 1):
+            raise _KeyedError(
+                "max_rows", "shape 'one' is exactly one row: more rows would be read and ignored"
+            )
         for status, meaning in self.exit_codes.items():
             if not re.fullmatch(r"0|[1-9][0-9]{0,2}", status) or int(status) > 255:
                 raise _KeyedError(f"exit_codes.{status}", "not an exit status 0-255")
@@ -183,7 +187,9 @@ class AgentSection(_Table):
 class RetrySection(_Table):
     attempts: Annotated[int, Field(ge=1, le=MAX_RETRY_ATTEMPTS)] = 1
     budget_seconds: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_SECONDS)] = 30.0
-    on: tuple[Literal["UPSTREAM_UNAVAILABLE", "INVALID_RESPONSE"], ...] = ()
+    # Only a transport failure may be retried: bad evidence (INVALID_RESPONSE) is never
+    # retryable, so a table that lists it would promise what no call does.
+    on: tuple[Literal["UPSTREAM_UNAVAILABLE"], ...] = ()
 
 
 class CommandFile(_Table):

@@ -35,10 +35,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-import orjson
 from prometheus_client import start_http_server
 
-from sshadapter import __version__, envelope, systemd
+from sshadapter import __version__, systemd
 from sshadapter.audit import AuditLog, now_text
 from sshadapter.authorize import Peer
 from sshadapter.config import Config, load_config
@@ -324,7 +323,7 @@ class Daemon:
         drops = self.service.metrics.client_drops
         if len(self._connections) >= self.config.server.max_connections:
             drops.labels("connection_limit").inc()
-            writer.write(_system_failure("OVERLOADED"))
+            writer.write(self.service.refuse("OVERLOADED"))
             await _close(writer)
             return
         conn = _Connection(reader, writer)
@@ -370,13 +369,13 @@ class Daemon:
                 # Over max_request_bytes without a newline: answer, then drop the connection
                 # since the rest of the line cannot be told apart from a next request.
                 drops.labels("request_too_large").inc()
-                writer.write(_system_failure("INVALID_REQUEST"))
+                writer.write(self.service.refuse("INVALID_REQUEST"))
                 await self._deliver(writer)
                 return
             if self.state is State.SERVING:
                 response = await self.service.handle((first + rest).rstrip(b"\n"), peer)
             else:  # read while the drain began: nothing ran; another daemon will answer it
-                response = _system_failure("OVERLOADED")
+                response = self.service.refuse("OVERLOADED")
             writer.write(response)
             del response  # orjson's buffer is ~4x the response: not kept while the next is read
             if not await self._deliver(writer):
@@ -395,13 +394,6 @@ class Daemon:
             writer.transport.abort()  # releases the buffered answer now
             return False
         return True
-
-
-def _system_failure(code: str) -> bytes:
-    return (
-        orjson.dumps(envelope.failure(envelope.SYSTEM_TOOL, envelope.new_request_id(), code))
-        + b"\n"
-    )
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:

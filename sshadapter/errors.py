@@ -80,7 +80,6 @@ EVIDENCE_REASONS: Final[dict[str, frozenset[str]]] = {
             "missing_header",
             "too_many_rows",
             "no_rows",
-            "too_many_lines",
             "missing_key",
             "duplicate_key",
             "bad_type",

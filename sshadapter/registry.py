@@ -394,12 +394,11 @@ def _check_extracted_fields(
         return  # a row schema this check cannot read (composed, or in another file)
     for name in fields:
         if name not in properties:
-            where = "a row" if row is not schema.contents else schema.name
+            where = schema.name if row is schema.contents else f"a row in {schema.name}"
             raise ConfigError(
                 file,
                 key,
-                f"field {name!r} is not a property of {where} in {schema.name}: every "
-                "output would fail the schema",
+                f"field {name!r} is not a property of {where}: every output would fail the schema",
             )
 
 

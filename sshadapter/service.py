@@ -31,6 +31,7 @@ from sshadapter.config import Allow
 from sshadapter.errors import (
     AuditError,
     DeniedError,
+    Failure,
     OverloadedError,
     RequestError,
     UpstreamError,
@@ -190,6 +191,11 @@ class Service:
         self.metrics.observe_call(envelope.SYSTEM_TOOL, "failure", code, time.monotonic() - started)
         return _line(envelope.failure(envelope.SYSTEM_TOOL, request_id, code))
 
+    def refuse(self, code: str) -> bytes:
+        """An answer the daemon gives without reading a request (a connection over the limit,
+        a line over max_request_bytes, a request read during the drain), counted."""
+        return self._system_answer(envelope.new_request_id(), code, time.monotonic())
+
     async def _call(
         self, op: Operation, args: Mapping[str, Any], peer: Peer, request_id: str
     ) -> bytes:
@@ -199,16 +205,16 @@ class Service:
         try:
             try:
                 verdict = await self._decide(call, args)
-            except asyncio.CancelledError:
-                self._record_cut(call)
-                task = asyncio.current_task()
-                if not self.cut_on_cancel or task is None:
-                    raise
-                task.uncancel()  # the drain's cut, not a caller's: answer it
-                return _line(_cut_envelope(call))
             except Exception as exc:  # the failure boundary: errors.failure_of maps them all
                 verdict = self._failed(call, exc)
             return await self._commit(call, verdict)
+        except asyncio.CancelledError:
+            self._record_cut(call)
+            task = asyncio.current_task()
+            if not self.cut_on_cancel or task is None:
+                raise
+            task.uncancel()  # the drain's cut, not a caller's: answer it
+            return _line(_cut_envelope(call))
         finally:
             del self.calls[request_id]
 
@@ -261,7 +267,7 @@ class Service:
         elif isinstance(exc, AuditError):
             log.error("%s %s not run: %s", call.request_id, call.op.name, exc)
             self.metrics.audit_failures.inc()
-        call.close_attempt(failure.reason)
+        call.close_attempt(failure)
         return Verdict.failed(failure)
 
     async def _quarantine(self, call: CallRecord, run: RunResult) -> dict[str, str | None]:
@@ -304,6 +310,8 @@ class Service:
     def _prepare(self, call: CallRecord, verdict: Verdict) -> tuple[bytes, dict[str, Any]]:
         """The response line and the result record of a verdict."""
         sealed = seal_line(call.op, call.request_id, verdict)
+        if sealed.code is not None and verdict.code is None:  # seal refused its own envelope
+            verdict = self._failed(call, RuntimeError("envelope does not match its schema"))
         return sealed.line, call.result(verdict, sealed.outcome, sealed.code)
 
     def _count(self, call: CallRecord, record: Mapping[str, Any]) -> None:
@@ -321,16 +329,22 @@ class Service:
                 m.output_bytes.labels(tool).observe(attempt["stdout_bytes"])
 
     def _record_cut(self, call: CallRecord) -> None:
-        """A call cancelled by the shutdown deadline: its result record, written now."""
-        if call.result_written:
-            return  # written (durable or not) before the cancellation reached it
+        """A call cancelled by the shutdown deadline: its result record, written now, counted.
+
+        One whose result record was already written (durable or not) keeps that record;
+        either way its answer is INTERNAL: a result not yet durable is not sent.
+        """
         verdict = self._failed(call, asyncio.CancelledError())
-        try:
-            self.audit.write(call.result(verdict, "failure", "INTERNAL"))
-        except AuditError as exc:
-            log.error("%s result of a cut call not written: %s", call.request_id, exc)
-            self.metrics.audit_failures.inc()
-        call.result_written = True
+        if not call.result_written:
+            try:
+                self.audit.write(call.result(verdict, "failure", "INTERNAL"))
+            except AuditError as exc:
+                log.error("%s result of a cut call not written: %s", call.request_id, exc)
+                self.metrics.audit_failures.inc()
+            call.result_written = True
+        self.metrics.observe_call(
+            call.op.name, "failure", "INTERNAL", time.monotonic() - call.started
+        )
 
 
 def _cut_envelope(call: CallRecord) -> dict[str, Any]:
@@ -393,13 +407,13 @@ class CallRecord:
             self.attempts[-1]["verdict"] = _verdict_fields(verdict)
         self._attempt_started = None
 
-    def close_attempt(self, reason: str) -> None:
+    def close_attempt(self, failure: Failure) -> None:
         """An attempt that a daemon-side failure interrupted: what is known of it."""
         if self._attempt_started is not None:
             self.attempts[-1].setdefault("exit_status", None)
             self.attempts[-1].setdefault("transport_error", None)
-            self.attempts[-1]["interrupted"] = reason
-            self.end_attempt(Verdict(code="INTERNAL", stage="internal", reason=reason))
+            self.attempts[-1]["interrupted"] = failure.reason
+            self.end_attempt(Verdict.failed(failure))
 
     def result(self, verdict: Verdict, outcome: str, code: str | None) -> dict[str, Any]:
         return {

@@ -795,3 +795,19 @@ def test_a_kv_key_the_schema_does_not_declare_is_a_load_error(tmp_path: Path) ->
     )
     exc = refused(tmp_path, text)
     assert_names(exc, tmp_path, "output.keys", "field 'State' is not a property")
+
+
+def test_shape_one_with_more_than_one_row_is_a_load_error(tmp_path: Path) -> None:
+    """shape = "one" reads exactly one row: a max_rows above 1 would read rows and ignore them."""
+    text = replaced('format = "json"', LINES + "\nmax_rows = 3")
+    exc = refused(tmp_path, text)
+    assert_names(exc, tmp_path, "output.max_rows", "shape 'one' is exactly one row")
+
+
+def test_retrying_bad_evidence_is_a_load_error(tmp_path: Path) -> None:
+    """retry.on may name UPSTREAM_UNAVAILABLE only: INVALID_RESPONSE is never retried."""
+    text = COMMAND.replace('host = "ci"', 'host = "ci"\nidempotent = true') + (
+        '\n[retry]\nattempts = 2\non = ["INVALID_RESPONSE"]\n'
+    )
+    exc = refused(tmp_path, text)
+    assert exc.key.startswith("retry.on")
