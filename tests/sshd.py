@@ -280,6 +280,7 @@ class FaultServer:
         self.port = 0
         self.user = "fault"
         self.flood_bytes_written = 0  # by the last flood, when the client cut it off
+        self.commands_seen: list[str] = []  # every exec request the server acted on
         host_key = asyncssh.generate_private_key("ssh-ed25519")
         client_key = asyncssh.generate_private_key("ssh-ed25519")
         self.client_key = workdir / "fault_client_key"
@@ -376,6 +377,7 @@ class FaultServer:
                 conn.abort()
 
     async def _handle(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
+        self.commands_seen.append(process.command or "")
         verb, *args = (process.command or "").split()
         status = 0
         try:
