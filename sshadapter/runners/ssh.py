@@ -228,13 +228,17 @@ class _Pool:
                 spare = None
                 if not reserved:
                     continue
-            session = _Session(max_stdout, max_stderr, functools.partial(self.release, conn))
+            release = functools.partial(self.release, conn)
+            if spare is not None:  # only the exec request is left to send
+                session = spare.claim(command, max_stdout, max_stderr, release)
+            else:
+                session = _Session(max_stdout, max_stderr, release)
             attempts.append(session)
             try:
-                if spare is not None:  # only the exec request is left to send
+                if spare is not None:
                     self.spares_used += 1
                     self._refill(conn, reserved=reserved)  # the reserved slot is the next spare's
-                    await _exec_on_spare(spare, session, command)
+                    await _exec_on_spare(spare, session)
                 else:
                     await _open_channel(conn.ssh, session, command)
                     self._refill(conn, reserved=False)
@@ -429,6 +433,17 @@ class _Session(asyncssh.SSHClientSession[bytes]):
 
     def connection_made(self, chan: asyncssh.SSHClientChannel[bytes]) -> None:
         self._chan = chan
+        if self.on_channel is not None:
+            self.on_channel(chan)
+
+    on_channel: Callable[[asyncssh.SSHClientChannel[bytes]], None] | None = None
+    """A spare's hook: the channel is open, its exec request not yet sent."""
+
+    def bind(self, max_stdout: int, max_stderr: int, on_closed: Callable[[], None]) -> None:
+        """A spare's session becomes a call's: its caps, and who gets its slot back."""
+        self._max_stdout = max_stdout
+        self._max_stderr = max_stderr
+        self._on_closed = on_closed
 
     def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
         if self._stopping:
@@ -490,20 +505,24 @@ SPARES: Final = hasattr(asyncssh.SSHClientChannel, "_make_request") and hasattr(
 SPARE_PLACEHOLDER: Final = ":"  # never sent: the gate swaps in the call's command
 
 
-class _Spare(asyncssh.SSHClientSession[bytes]):
-    """A session channel opened ahead of need; a call hands it a session and a command.
+class _Spare:
+    """A session channel opened ahead of need: a call binds its session and sends the exec.
 
-    asyncssh's ``create_session`` opens the channel, makes this object its session,
-    then sends the exec request: the gate installed in ``connection_made`` holds that
-    request until ``claim`` gives the real command, and from then on every callback
-    goes to the call's ``_Session``. Nothing runs on the host before the claim.
+    asyncssh's ``create_session`` opens the channel, takes ``session`` as its session,
+    then sends the exec request: the gate ``_hold`` installs on the channel holds that
+    request until ``claim`` gives the real command. The session is the very object the
+    call then reads from (``_Session.bind``), so no callback goes through a proxy.
+    Nothing runs on the host before the claim.
     """
 
     def __init__(self, on_gone: Callable[[_Spare, bool], None]) -> None:
         self.ready = False
         self.taken = False
         """Handed to a call: its slot is the call's to release from now on."""
-        self.target: _Session | None = None
+        self.claimed = False
+        # Placeholder caps until a call binds its own; before that no data can arrive.
+        self.session = _Session(0, 0, self._lost)
+        self.session.on_channel = self._hold
         self.opening: asyncio.Future[tuple[Any, Any]] | None = None
         self._command: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._chan: asyncssh.SSHClientChannel[bytes] | None = None
@@ -511,7 +530,10 @@ class _Spare(asyncssh.SSHClientSession[bytes]):
         self._gone = False
 
     def open(self, ssh: asyncssh.SSHClientConnection) -> None:
-        self.opening = asyncio.ensure_future(_create_session(ssh, lambda: self, SPARE_PLACEHOLDER))
+        session = self.session
+        self.opening = asyncio.ensure_future(
+            _create_session(ssh, lambda: session, SPARE_PLACEHOLDER)
+        )
         self.opening.add_done_callback(self._opened_or_not)
 
     @property
@@ -519,25 +541,25 @@ class _Spare(asyncssh.SSHClientSession[bytes]):
         """Still open and waiting for its command."""
         return self.ready and self._chan is not None and not self._gone
 
-    def claim(self, session: _Session, command: str) -> None:
-        """From now on the channel is ``session``'s, and its exec request goes out."""
-        assert self._chan is not None and self.usable  # the caller checked, with no await since
-        self.ready = False
-        self.target = session
-        session.connection_made(self._chan)
+    def claim(
+        self, command: str, max_stdout: int, max_stderr: int, on_closed: Callable[[], None]
+    ) -> _Session:
+        """From now on the channel is the call's, and its exec request goes out."""
+        assert self.usable  # the caller checked, with no await since
+        self.ready, self.claimed = False, True
+        self.session.bind(max_stdout, max_stderr, on_closed)
         self._command.set_result(command)
+        return self.session
 
     def abandon(self) -> None:
         """Give the spare up unused: its channel closes (sshd's session with it)."""
-        if self.target is None:
+        if not self.claimed:
             if self._chan is not None:
                 self._chan.close()
             if self.opening is not None:
                 self.opening.cancel()
 
-    # asyncssh's session callbacks: held until the claim, the call's session's after it
-
-    def connection_made(self, chan: asyncssh.SSHClientChannel[bytes]) -> None:
+    def _hold(self, chan: asyncssh.SSHClientChannel[bytes]) -> None:
         self._chan = chan
         if not SPARES:  # pragma: no cover - an asyncssh without the gate's method
             chan.close()  # the exec request then fails: nothing is ever sent
@@ -553,47 +575,15 @@ class _Spare(asyncssh.SSHClientSession[bytes]):
         chan._make_request = gated  # type: ignore[method-assign]
         self.ready = True
 
-    def session_started(self) -> None:
-        if self.target is not None:
-            self.target.session_started()
-
-    def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
-        if self.target is not None:
-            self.target.data_received(data, datatype)
-
-    def eof_received(self) -> bool:
-        return self.target.eof_received() if self.target is not None else False
-
-    def exit_status_received(self, status: int) -> None:
-        if self.target is not None:
-            self.target.exit_status_received(status)
-
-    def exit_signal_received(self, signal: str, core_dumped: bool, msg: str, lang: str) -> None:
-        if self.target is not None:
-            self.target.exit_signal_received(signal, core_dumped, msg, lang)
-
-    def pause_writing(self) -> None:
-        if self.target is not None:
-            self.target.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.target is not None:
-            self.target.resume_writing()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.target is not None:
-            self.target.connection_lost(exc)
-        else:
-            self._lost()
-
     def _opened_or_not(self, opening: asyncio.Future[tuple[Any, Any]]) -> None:
-        if self.target is None and (opening.cancelled() or opening.exception() is not None):
+        if not self.claimed and (opening.cancelled() or opening.exception() is not None):
             refused = not opening.cancelled() and isinstance(
                 opening.exception(), asyncssh.ChannelOpenError
             )
             self._lost(refused)  # refused (MaxSessions), or gone before a claim
 
     def _lost(self, refused: bool = False) -> None:
+        """Before a claim: the channel closed or never opened."""
         self.ready = False
         if not self._command.done():
             self._command.cancel()
@@ -618,10 +608,9 @@ _POLLRDHUP: Final = getattr(select, "POLLRDHUP", 0x2000)  # Linux
 _HUNG_UP: Final = select.POLLERR | select.POLLHUP | _POLLRDHUP
 
 
-async def _exec_on_spare(spare: _Spare, session: _Session, command: str) -> None:
-    """Send ``command`` on a spare's open channel and close its stdin (as _open_channel)."""
+async def _exec_on_spare(spare: _Spare, session: _Session) -> None:
+    """Wait for the claimed spare's exec request and close its stdin (as _open_channel)."""
     assert spare.opening is not None
-    spare.claim(session, command)
     await _finish_opening(spare.opening, session)
 
 

@@ -436,7 +436,7 @@ def report(results: Results, offline: bench_offline.Figures) -> list[Row]:
 
 
 def mode_of(method: str) -> str:
-    """The fsync mode of a daemon method name ("never", or "never+direct-open")."""
+    """The fsync mode of a daemon method name ("never", or "never+no-spares")."""
     return method.split("+", 1)[0]
 
 

@@ -89,52 +89,11 @@ sys.exit(main(["serve", "--config", setup["config"]]))
 
 # Each entry: a suggested fix, executed in the daemon process before serve.
 PATCHES: Final = {
-    # runners.ssh._open_channel opens each channel in its own task behind asyncio.shield
-    # (so a caller's timeout cannot leave a half-open channel): two more event-loop turns
-    # per call. Measurement only: this version drops that cancellation guarantee.
-    "direct-open": r"""
+    # runners.ssh without spare channels: every call opens its own channel, as before
+    # issue 13 (measures what the spares save). Measurement only.
+    "no-spares": r"""
 from sshadapter.runners import ssh as _s
 
-async def _open_channel(ssh, session, command):
-    chan, _ = await ssh.create_session(
-        lambda: session, command, term_type=None, request_pty=False, env=None,
-        send_env=None, x11_forwarding=False, encoding=None, max_pktsize=_s.MAX_PACKET_BYTES)
-    chan.write_eof()
-
-_s._open_channel = _open_channel
-""",
-    # audit.AuditLog._flush: fsync inline when one record waits alone, in a thread only when
-    # others queue behind it (perf.md, lever 1). Measurement only.
-    "inline-fsync": r"""
-import asyncio, os
-from sshadapter import audit as _a
-
-async def _flush(self, delay):
-    if delay:
-        await asyncio.sleep(delay)
-    while self._synced < self._written:
-        target, fd = self._written, self._fd
-        try:
-            if fd is None:
-                raise _a.AuditError("audit log closed before its records were synced")
-            if target - self._synced == 1 and len(self._waiters) <= 1:
-                os.fsync(fd)
-            else:
-                await asyncio.to_thread(os.fsync, fd)
-            self.syncs += 1
-        except (OSError, _a.AuditError) as exc:
-            error = exc if isinstance(exc, _a.AuditError) else _a.AuditError(str(exc))
-            while self._waiters:
-                _, waiter = self._waiters.popleft()
-                if not waiter.done():
-                    waiter.set_exception(error)
-            return
-        self._synced = target
-        while self._waiters and self._waiters[0][0] <= target:
-            _, waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-
-_a.AuditLog._flush = _flush
+_s.SPARES = False
 """,
 }
