@@ -62,6 +62,10 @@ _PEERGROUPS_MAX_BYTES: Final = 65536 * 4  # NGROUPS_MAX
 # 150 agents with EAGAIN.
 SOCKET_BACKLOG: Final = socket.SOMAXCONN
 _SIGNALS: Final = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+# A large answer is written in slices of this size, each once the last has drained:
+# asyncio (3.11) copies whatever the socket does not take at once into its buffer, which
+# for a whole 8 MB answer is milliseconds in which the loop serves nobody else.
+WRITE_SLICE_BYTES: Final = 256 * 1024
 # After the drain deadline, how long a cut call has to deliver its INTERNAL answer.
 CUT_GRACE_SECONDS: Final = 1.0
 
@@ -376,10 +380,25 @@ class Daemon:
                 response = await self.service.handle((first + rest).rstrip(b"\n"), peer)
             else:  # read while the drain began: nothing ran; another daemon will answer it
                 response = self.service.refuse("OVERLOADED")
-            writer.write(response)
+            delivered = await self._answer(writer, response)
             del response  # orjson's buffer is ~4x the response: not kept while the next is read
-            if not await self._deliver(writer):
+            if not delivered:
                 return
+
+    async def _answer(self, writer: asyncio.StreamWriter, response: bytes) -> bool:
+        """Write one answer; a large one in slices, so the loop never copies it whole."""
+        if len(response) <= WRITE_SLICE_BYTES:
+            writer.write(response)
+            return await self._deliver(writer)
+        view = memoryview(response)
+        try:
+            async with asyncio.timeout(self.config.server.write_timeout_seconds):
+                for start in range(0, len(view), WRITE_SLICE_BYTES):
+                    writer.write(view[start : start + WRITE_SLICE_BYTES])
+                    await writer.drain()
+        except TimeoutError:
+            return self._dropped_slow_reader(writer)
+        return True
 
     async def _deliver(self, writer: asyncio.StreamWriter) -> bool:
         """Wait until the client has taken the answer; drop a client that does not."""
@@ -389,11 +408,14 @@ class Daemon:
             async with asyncio.timeout(self.config.server.write_timeout_seconds):
                 await writer.drain()
         except TimeoutError:
-            self.service.metrics.client_drops.labels("write_timeout").inc()
-            log.info("agent connection dropped: its answer not read in time")
-            writer.transport.abort()  # releases the buffered answer now
-            return False
+            return self._dropped_slow_reader(writer)
         return True
+
+    def _dropped_slow_reader(self, writer: asyncio.StreamWriter) -> bool:
+        self.service.metrics.client_drops.labels("write_timeout").inc()
+        log.info("agent connection dropped: its answer not read in time")
+        writer.transport.abort()  # releases the buffered answer now
+        return False
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
