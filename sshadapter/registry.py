@@ -9,6 +9,7 @@ first bad file raises ConfigError naming the file, the key and the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Collection, Mapping
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from sshadapter import envelope
+from sshadapter import envelope, policy
 from sshadapter.argv import ArgvTemplate, parse_template
 from sshadapter.commandfile import CommandFile, read_command_file
 from sshadapter.errors import ConfigError, EvidenceError, RequestError
@@ -57,6 +58,8 @@ class Operation:
     """The published schema, in full: tests and `sshadapter check`."""
     envelope_guard: Validator
     """The same minus re-validating data values: every response (see envelope_guard_schema)."""
+    dispatched: bool = False
+    """Its host runs sshadapter-dispatch (`dispatch = true`): see docs/dispatcher.md."""
 
     def command(self, args: Mapping[str, Any]) -> str:
         """The exact remote command string: every element shell-quoted once."""
@@ -81,26 +84,46 @@ class Registry:
 
     operations: Mapping[str, Operation]
     schemas: SchemaSet
+    policies: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    """The dispatch policy of each dispatch host alias, as the daemon expects the host's."""
 
     def get(self, name: str) -> Operation | None:
         return self.operations.get(name)
 
 
 def load_registry(
-    commands_dir: Path, schemas_dir: Path, *, hosts: Collection[str] | None
+    commands_dir: Path,
+    schemas_dir: Path,
+    *,
+    hosts: Collection[str] | None,
+    dispatch_hosts: Collection[str] = (),
 ) -> Registry:
-    """Load a whole directory or raise ConfigError; ``hosts=None`` skips the host check."""
+    """Load a whole directory or raise ConfigError; ``hosts=None`` skips the host check.
+
+    The operations of ``dispatch_hosts`` must also be ones the host's dispatcher
+    can enforce (sshadapter/policy.py); their policies are built here.
+    """
     if not commands_dir.is_dir():
         raise ConfigError(str(commands_dir), "", "commands directory does not exist")
     schemas = SchemaSet(schemas_dir)
     operations = {}
     for path in sorted(commands_dir.glob("*.toml")):
-        operation = load_operation(path, schemas, hosts=hosts)
+        operation = load_operation(path, schemas, hosts=hosts, dispatch_hosts=dispatch_hosts)
         operations[operation.name] = operation
-    return Registry(operations, schemas)
+    policies = {
+        alias: policy.host_policy(alias, operations.values(), schemas)
+        for alias in sorted(dispatch_hosts)
+    }
+    return Registry(operations, schemas, policies)
 
 
-def load_operation(path: Path, schemas: SchemaSet, *, hosts: Collection[str] | None) -> Operation:
+def load_operation(
+    path: Path,
+    schemas: SchemaSet,
+    *,
+    hosts: Collection[str] | None,
+    dispatch_hosts: Collection[str] = (),
+) -> Operation:
     file = str(path)
     name = path.stem
     if not TOOL_NAME.fullmatch(name):
@@ -137,6 +160,7 @@ def load_operation(path: Path, schemas: SchemaSet, *, hosts: Collection[str] | N
         envelope_schema=env_schema,
         envelope_validator=schemas.compile(env_schema, file=file),
         envelope_guard=schemas.compile(envelope.envelope_guard_schema(env_schema), file=file),
+        dispatched=spec.host in dispatch_hosts,
     )
 
 
