@@ -97,6 +97,15 @@ TRANSPORT_REASONS: Final = frozenset(
 )
 
 
+# Why a call to a dispatch host (`dispatch = true`) was refused; docs/dispatcher.md. Both
+# give UPSTREAM_UNAVAILABLE, never retryable: the same command stays refused until an
+# operator changes a policy, exactly like a refused key (auth_failed).
+DISPATCH_REASONS: Final[dict[str, frozenset[str]]] = {
+    "transport": frozenset({"policy_drift"}),  # the host's policy for it differs: not sent
+    "exit": frozenset({"remote_refused"}),  # the host's dispatcher refused it, ran nothing
+}
+
+
 class SshadapterError(Exception):
     """Base of every error this package raises on purpose."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sshadapter import envelope
+from sshadapter import envelope, policy
 from sshadapter.checks import run_checks
 from sshadapter.errors import EvidenceError
 from sshadapter.registry import Operation
@@ -89,6 +89,14 @@ def check_exit_status(op: Operation, run: RunResult) -> Verdict | None:
         raise EvidenceError("parse", "too_large", f"stdout over {op.spec.output.max_bytes} bytes")
     if len(run.stderr) > op.spec.output.max_stderr_bytes:
         raise EvidenceError("parse", "stderr_too_large", f"over {op.spec.output.max_stderr_bytes}")
+    if op.dispatched and dispatcher_refused(run):
+        return Verdict(
+            code="UPSTREAM_UNAVAILABLE",
+            retryable=False,
+            stage="exit",
+            reason="remote_refused",
+            detail=run.stderr.split(b"\n", 1)[0][:200].decode("utf-8", "replace"),
+        )
     meaning = op.exit_meaning(run.exit_status)
     if meaning is None:
         raise EvidenceError("exit", "undeclared_exit_status", f"exit status {run.exit_status}")
@@ -103,6 +111,15 @@ def check_exit_status(op: Operation, run: RunResult) -> Verdict | None:
     if op.spec.output.stderr == "reject" and run.stderr:
         raise EvidenceError("parse", "stderr_not_empty", f"{len(run.stderr)} bytes on stderr")
     return None
+
+
+def dispatcher_refused(run: RunResult) -> bool:
+    """The host's dispatcher refused the command: its status and its stderr line.
+
+    A dispatch host's operation cannot declare that status (policy.operation_policy);
+    a program of its own exiting with it, without the line, stays undeclared.
+    """
+    return run.exit_status == policy.REFUSED_STATUS and run.stderr.startswith(policy.REFUSAL_PREFIX)
 
 
 def project(op: Operation, value: Any) -> dict[str, Any]:
