@@ -24,9 +24,10 @@ from typing import Final
 import orjson
 from prometheus_client import start_http_server
 
-from sshadapter import __version__, envelope, systemd
+from sshadapter import __version__, envelope, policy, systemd
 from sshadapter.audit import AuditLog, now_text
 from sshadapter.config import Config, load_config
+from sshadapter.drift import PolicyMonitor
 from sshadapter.errors import ConfigError, UpstreamError
 from sshadapter.metrics import Metrics
 from sshadapter.quarantine import Quarantine
@@ -154,11 +155,14 @@ class Daemon:
         limit = self.config.server.max_request_bytes + 1
         self._server = await asyncio.start_unix_server(self._accept, sock=sock, limit=limit)
         warm = getattr(self.runner, "warm", None)
+        monitor = self.service.dispatch
         warming = (
-            [asyncio.create_task(_warm(warm, alias)) for alias in self.config.hosts]
+            [asyncio.create_task(_warm(warm, alias, monitor)) for alias in self.config.hosts]
             if warm is not None
             else []
         )
+        if monitor is not None:
+            warming.append(asyncio.create_task(monitor.watch()))
         systemd.notify("READY=1")
         log.info(
             "serving %d tools on %s", len(self.service.registry.operations), sock.getsockname()
@@ -166,6 +170,8 @@ class Daemon:
         await self._stopping.wait()
         for task in warming:
             task.cancel()
+        if monitor is not None:
+            await monitor.close()
         await self.shutdown()
 
     def stop(self) -> None:
@@ -201,6 +207,7 @@ class Daemon:
                 self.config.paths.commands,
                 self.config.paths.schemas,
                 hosts=self.config.hosts.keys(),
+                dispatch_hosts=policy.dispatch_hosts(self.config),
             )
         except ConfigError as exc:
             log.error(
@@ -209,6 +216,9 @@ class Daemon:
             self.service.metrics.reloads.labels("failure").inc()
         else:
             self.service.registry = registry
+            if self.service.dispatch is not None:  # hosts first, then the reload: check them
+                self.service.dispatch.expect(registry.policies)
+                self.service.dispatch.check_soon()
             self.service.metrics.reloads.labels("success").inc()
             log.info("reloaded %d tools", len(registry.operations))
         try:
@@ -297,7 +307,13 @@ def open_listening_socket(config: Config) -> tuple[socket.socket, bool]:
 
 def assemble(config: Config) -> Daemon:
     """Everything a daemon is made of, from one configuration (serve and demo use it)."""
-    registry = load_registry(config.paths.commands, config.paths.schemas, hosts=config.hosts.keys())
+    dispatch_hosts = policy.dispatch_hosts(config)
+    registry = load_registry(
+        config.paths.commands,
+        config.paths.schemas,
+        hosts=config.hosts.keys(),
+        dispatch_hosts=dispatch_hosts,
+    )
     audit = AuditLog(config.audit.path, fsync=config.audit.fsync)
     audit.open()
     quarantine = Quarantine(config.audit.quarantine_dir, config.audit.quarantine_max_bytes)
@@ -308,6 +324,10 @@ def assemble(config: Config) -> Daemon:
         on_connect_failure=lambda host, reason: metrics.connect_failures.labels(host, reason).inc(),
     )
     metrics.watch_connections(ssh.connections)
+    monitor = None
+    if dispatch_hosts:
+        monitor = PolicyMonitor(ssh, metrics)
+        monitor.expect(registry.policies)
     service = Service(
         registry,
         ssh,
@@ -318,6 +338,7 @@ def assemble(config: Config) -> Daemon:
         max_queue=config.server.max_queue,
         metrics=metrics,
         quarantine=quarantine,
+        dispatch=monitor,
     )
     return Daemon(config, service, ssh, audit)
 
@@ -342,12 +363,19 @@ async def run_daemon(config_path: Path | None) -> int:
     return 0
 
 
-async def _warm(warm: Callable[[str], Awaitable[None]], alias: str) -> None:
-    """Open the first connection before the first call needs it; a failure is only logged."""
+async def _warm(
+    warm: Callable[[str], Awaitable[None]], alias: str, monitor: PolicyMonitor | None
+) -> None:
+    """Open the first connection before the first call needs it; a failure is only logged.
+
+    A dispatch host is then asked for its policy (sshadapter/drift.py).
+    """
     try:
         await warm(alias)
     except UpstreamError as exc:
         log.warning("host %s not reachable yet: %s", alias, exc)
+    if monitor is not None and alias in monitor.hosts:
+        await monitor.check(alias)
 
 
 def _unlink_if_ours(path: Path, inode: int | None) -> None:

@@ -91,6 +91,18 @@ class Metrics:
             "Audit records that could not be written.",
             registry=r,
         )
+        self.dispatch_checks = Counter(
+            "sshadapter_dispatch_policy_checks",
+            "Policy checks of dispatch hosts, by result (sshadapter/drift.py RESULTS).",
+            ["host", "result"],
+            registry=r,
+        )
+        self.dispatch_drifted = Gauge(
+            "sshadapter_dispatch_drifted_operations",
+            "Operations refused as policy_drift because the host's policy differs.",
+            ["host"],
+            registry=r,
+        )
         self.reloads = Counter(
             "sshadapter_reloads", "Reloads of commands and schemas.", ["result"], registry=r
         )

@@ -24,6 +24,7 @@ import orjson
 from sshadapter import __version__, envelope
 from sshadapter.audit import AuditError, AuditLog, now_text
 from sshadapter.config import Allow
+from sshadapter.drift import PolicyMonitor
 from sshadapter.errors import RequestError, UpstreamError
 from sshadapter.evaluate import Verdict, evaluate, seal
 from sshadapter.metrics import Metrics
@@ -135,6 +136,7 @@ class Service:
         metrics: Metrics | None = None,
         quarantine: Quarantine | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        dispatch: PolicyMonitor | None = None,
     ) -> None:
         self.registry = registry
         self.runner = runner
@@ -146,6 +148,8 @@ class Service:
         self.quarantine = quarantine
         self.metrics.inflight.set_function(lambda: self.admission.admitted)
         self.clock = clock
+        self.dispatch = dispatch
+        """The policy state of dispatch hosts (docs/dispatcher.md), when there are any."""
 
     async def handle(self, line: bytes, peer: Peer) -> bytes:
         """One request line in, one response line out (newline included)."""
@@ -204,6 +208,16 @@ class Service:
                 ),
             )
         call.command = op.command(args)
+        if self.dispatch is not None and (drift := self.dispatch.refusal(op)) is not None:
+            return await self._finish(  # the host's policy for it differs: nothing is sent
+                call,
+                Verdict(
+                    code="UPSTREAM_UNAVAILABLE",
+                    stage="transport",
+                    reason="policy_drift",
+                    detail=drift,
+                ),
+            )
         try:
             with self.admission.ticket() as slots:
                 async with slots:
@@ -216,6 +230,8 @@ class Service:
             log.error("%s intent not written, command not run: %s", request_id, exc)
             self.metrics.audit_failures.inc()
             verdict = Verdict(code="INTERNAL", stage="audit", reason="intent_not_written")
+        if verdict.reason == "remote_refused" and self.dispatch is not None:
+            self.dispatch.suspect(op.spec.host)  # a policy out of step is found soon
         prepared = self._prepare(call, verdict)  # 10
         del verdict  # the parsed output is not kept while the result record is made durable
         return await self._commit(call, *prepared)  # 11
