@@ -1,4 +1,5 @@
-"""The command line: ``sshadapter serve | call | list | check | schema | demo | audit verify``.
+"""The command line: ``sshadapter serve | call | list | check | schema | policy | dispatcher |
+demo | audit verify``.
 
 Exit status: 0 success, 1 a check missed or a call failed, 2 a usage or
 configuration error. An operator's mistake is one line naming the file, the
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from sshadapter import __version__, client
+from sshadapter import __version__, client, policy
 from sshadapter.check import check_registry, format_table
 from sshadapter.config import DEFAULT_CONFIG_PATH, Config, load_config
 from sshadapter.errors import ConfigError
@@ -49,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="lint commands and schemas, run fixtures and near-misses")
     _add_config(check)
     check.add_argument("--json", action="store_true", help="print the report as a JSON list")
+    check.add_argument(
+        "--hosts",
+        action="store_true",
+        help="also connect to every dispatch host and compare its policy with ours",
+    )
     check.set_defaults(handler=_cmd_check)
 
     serve = sub.add_parser("serve", help="run the daemon")
@@ -89,6 +96,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_config(verify)
     verify.set_defaults(handler=_cmd_audit_verify)
+
+    policy_ = sub.add_parser("policy", help="print the dispatch policy of one host alias (JSON)")
+    _add_config(policy_)
+    policy_.add_argument("host", metavar="HOST_ALIAS")
+    policy_.set_defaults(handler=_cmd_policy)
+
+    dispatcher = sub.add_parser("dispatcher", help="write out the host's sshadapter-dispatch")
+    dispatcher.add_argument(
+        "--write", type=Path, required=True, metavar="PATH", help="the file to write (mode 0755)"
+    )
+    dispatcher.set_defaults(handler=_cmd_dispatcher)
 
     schema = sub.add_parser("schema", help="print a tool's published envelope schema")
     _add_config(schema)
@@ -179,26 +197,69 @@ def _print_response(message: dict[str, object], socket_path: Path, ok: Any) -> i
     return EXIT_OK if isinstance(response, dict) and ok(response) else EXIT_FAILED
 
 
-def _load(args: argparse.Namespace) -> tuple[Config, Registry]:
+def _load(args: argparse.Namespace, *, also_dispatch: str = "") -> tuple[Config, Registry]:
     path = args.config
     if path is None and DEFAULT_CONFIG_PATH.is_file():
         path = DEFAULT_CONFIG_PATH
     config, _ = load_config(path)
     # Without a config file there are no [hosts] to check host aliases against.
     hosts = config.hosts.keys() if path is not None else None
-    return config, load_registry(config.paths.commands, config.paths.schemas, hosts=hosts)
+    dispatch_hosts = policy.dispatch_hosts(config) | ({also_dispatch} if also_dispatch else set())
+    registry = load_registry(
+        config.paths.commands, config.paths.schemas, hosts=hosts, dispatch_hosts=dispatch_hosts
+    )
+    return config, registry
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    _, registry = _load(args)
+    config, registry = _load(args)
     rows = check_registry(registry)
+    hosts = []
+    if args.hosts:
+        from sshadapter.drift import check_hosts, format_hosts
+
+        hosts = asyncio.run(check_hosts(config, registry))
     if args.json:
-        sys.stdout.buffer.write(
-            orjson.dumps([r.as_json() for r in rows], option=orjson.OPT_INDENT_2) + b"\n"
-        )
+        report = [r.as_json() for r in rows] + [h.as_json() for h in hosts]
+        sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
     else:
         print(format_table(rows))
-    return EXIT_OK if all(r.ok for r in rows) else EXIT_FAILED
+        if args.hosts:
+            print(format_hosts(hosts))
+    return EXIT_OK if all(r.ok for r in rows) and all(h.ok for h in hosts) else EXIT_FAILED
+
+
+def _cmd_policy(args: argparse.Namespace) -> int:
+    """Every operation of one host alias as its dispatcher enforces it (docs/dispatcher.md)."""
+    config, _ = load_config(args.config or _default_config())
+    if args.host not in config.hosts:
+        print(f"sshadapter: no [hosts.{args.host}] in the configuration", file=sys.stderr)
+        return EXIT_USAGE
+    _, registry = _load(args, also_dispatch=args.host)
+    document = registry.policies[args.host]
+    sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
+    return EXIT_OK
+
+
+def _cmd_dispatcher(args: argparse.Namespace) -> int:
+    """Write the host's dispatcher (one stdlib-only file) to PATH, mode 0755."""
+    from importlib.resources import files
+
+    source = files("sshadapter").joinpath(policy.DISPATCHER_FILE).read_bytes()
+    path: Path = args.write
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o755)
+        with os.fdopen(fd, "wb") as out:
+            out.write(source)
+            os.fchmod(out.fileno(), 0o755)  # also when it existed with another mode
+    except OSError as exc:
+        print(f"sshadapter: {path}: {exc.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+def _default_config() -> Path | None:
+    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
