@@ -62,7 +62,7 @@ MAX_COMMAND_BYTES = 128 * 1024
 MAX_POLICY_BYTES = 4 * 1024 * 1024  # a policy is a few KB per operation
 # CPU for reading the policy and judging one command: a real call needs ~1 ms; a thief's
 # input that makes a pattern backtrack is cut here and refused (`too_costly`).
-MAX_DECISION_CPU_SECONDS = 1.0
+MAX_DECISION_CPU_SECONDS = 0.5
 MAX_INTEGER_DIGITS = 20  # the daemon's integers are 64-bit: at most 20 digits
 
 FIXED_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -70,6 +70,8 @@ FIXED_PATH = "/usr/local/bin:/usr/bin:/bin"
 # from the session, where AcceptEnv may let a client set variables).
 ENVIRONMENT = ("PATH", "HOME", "USER", "LOGNAME")
 DEFAULT_LOG_SOCKET = "/dev/log"
+# A datagram to a syslog whose queue is full blocks; a stuck syslog must not hang the call.
+LOG_SEND_TIMEOUT_SECONDS = 1.0
 LOG_FACILITY_AUTHPRIV = 10  # syslog.h LOG_AUTHPRIV: who may do what on this host
 LOG_WARNING, LOG_INFO = 4, 6
 TAG = "sshadapter-dispatch"
@@ -427,11 +429,13 @@ def digest_answer(policy: dict[str, Any]) -> bytes:
 
 
 def log(message: str, priority: int, socket_path: str) -> None:
-    """One syslog datagram (RFC 3164, like glibc's syslog(3)); lost when nobody listens."""
+    """One syslog datagram (RFC 3164, like glibc's syslog(3)); lost when nobody listens,
+    or when the syslog's queue stays full for LOG_SEND_TIMEOUT_SECONDS."""
     stamp = time.strftime("%b %d %H:%M:%S", time.localtime())
     line = f"<{LOG_FACILITY_AUTHPRIV * 8 + priority}>{stamp} {TAG}[{os.getpid()}]: {message}"
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.settimeout(LOG_SEND_TIMEOUT_SECONDS)
             sock.sendto(line.encode("ascii", "replace"), socket_path)
     except OSError:
         pass  # no syslog here: the refusal itself still happens and is on stderr
@@ -465,9 +469,8 @@ def _resolve(program: str) -> str | None:
 
 
 def _refuse(reason: str, raw: bytes | None, log_socket: str, operation: str = "") -> int:
+    """Log, then say so on stderr (a client that hung up must not cost the log line)."""
     command_sha = hashlib.sha256(raw or b"").hexdigest()
-    sys.stderr.write(f"{REFUSAL_PREFIX} ({reason}) sha256:{command_sha}\n")
-    sys.stderr.flush()
     about = f" operation={operation}" if operation else ""
     log(
         f"refused reason={reason}{about} command_sha256={command_sha} "
@@ -475,6 +478,11 @@ def _refuse(reason: str, raw: bytes | None, log_socket: str, operation: str = ""
         LOG_WARNING,
         log_socket,
     )
+    try:
+        sys.stderr.write(f"{REFUSAL_PREFIX} ({reason}) sha256:{command_sha}\n")
+        sys.stderr.flush()
+    except OSError:
+        pass  # nobody is reading any more
     return REFUSED_STATUS
 
 

@@ -212,6 +212,8 @@ def _class(p: _Parser) -> str:
             p.pos += 1
             raise p.fail(f"the class escape \\{p.peek()}")
         low = _class_char(p)
+        if p.pattern.startswith("--", p.pos):
+            raise p.fail("'--' inside a class")
         if p.peek() == "-" and p.peek(1) not in ("]", ""):
             p.take()
             high = _class_char(p)
