@@ -156,11 +156,12 @@ class Daemon:
         self._server = await asyncio.start_unix_server(self._accept, sock=sock, limit=limit)
         warm = getattr(self.runner, "warm", None)
         monitor = self.service.dispatch
-        warming = (
-            [asyncio.create_task(_warm(warm, alias, monitor)) for alias in self.config.hosts]
-            if warm is not None
-            else []
-        )
+        dispatched = monitor.hosts if monitor is not None else []
+        warming = [
+            asyncio.create_task(_warm(warm, alias, monitor))
+            for alias in self.config.hosts
+            if warm is not None or alias in dispatched
+        ]
         if monitor is not None:
             warming.append(asyncio.create_task(monitor.watch()))
         systemd.notify("READY=1")
@@ -364,16 +365,17 @@ async def run_daemon(config_path: Path | None) -> int:
 
 
 async def _warm(
-    warm: Callable[[str], Awaitable[None]], alias: str, monitor: PolicyMonitor | None
+    warm: Callable[[str], Awaitable[None]] | None, alias: str, monitor: PolicyMonitor | None
 ) -> None:
     """Open the first connection before the first call needs it; a failure is only logged.
 
     A dispatch host is then asked for its policy (sshadapter/drift.py).
     """
-    try:
-        await warm(alias)
-    except UpstreamError as exc:
-        log.warning("host %s not reachable yet: %s", alias, exc)
+    if warm is not None:
+        try:
+            await warm(alias)
+        except UpstreamError as exc:
+            log.warning("host %s not reachable yet: %s", alias, exc)
     if monitor is not None and alias in monitor.hosts:
         await monitor.check(alias)
 
