@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +23,8 @@ from sshadapter.config import (
     ServerSection,
 )
 from sshadapter.daemon import Daemon, bind_socket
+from sshadapter.drift import PolicyMonitor
+from sshadapter.metrics import Metrics
 from sshadapter.quarantine import Quarantine
 from sshadapter.registry import load_registry
 from sshadapter.runners.interface import Runner, RunResult
@@ -94,6 +97,8 @@ def with_daemon(
     quarantine: bool = False,
     socket_mode: int = 0o600,
     socket_dir: Path | None = None,
+    dispatch_hosts: Collection[str] = (),
+    dispatch_clock: Callable[[], float] = time.monotonic,
     **server: Any,
 ) -> None:
     """Start a daemon, run ``body`` against it, stop it (draining), all in one event loop."""
@@ -111,13 +116,18 @@ def with_daemon(
                 hosts
                 or {
                     alias: HostSection(
-                        address="127.0.0.1", user="nobody", known_hosts=tmp_path / "known_hosts"
+                        address="127.0.0.1",
+                        user="nobody",
+                        known_hosts=tmp_path / "known_hosts",
+                        dispatch=alias in dispatch_hosts,
                     )
                     for alias in ("ci", "local")
                 }
             ),
         )
-        registry = load_registry(commands, schemas, hosts=config.hosts.keys())
+        registry = load_registry(
+            commands, schemas, hosts=config.hosts.keys(), dispatch_hosts=dispatch_hosts
+        )
         audit = AuditLog(audit_path, fsync="never")
         audit.open()
         use_runner = runner or job_runner()
@@ -125,6 +135,11 @@ def with_daemon(
         if quarantine:
             kept = Quarantine(tmp_path / "quarantine", 1024 * 1024)
             kept.open()
+        metrics = Metrics()
+        monitor = None
+        if dispatch_hosts:  # as daemon.assemble wires it
+            monitor = PolicyMonitor(use_runner, metrics, clock=dispatch_clock)
+            monitor.expect(registry.policies)
         service = Service(
             registry,
             use_runner,
@@ -135,6 +150,8 @@ def with_daemon(
             max_concurrent_calls=config.server.max_concurrent_calls,
             max_queue=config.server.max_queue,
             clock=lambda: NOW,
+            metrics=metrics,
+            dispatch=monitor,
         )
         daemon = Daemon(config, service, use_runner, audit)
         sock = bind_socket(socket_path, socket_mode, "")
