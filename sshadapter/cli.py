@@ -243,9 +243,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
 
 def _cmd_dispatcher(args: argparse.Namespace) -> int:
     """Write the host's dispatcher (one stdlib-only file) to PATH, mode 0755."""
-    from importlib.resources import files
-
-    source = files("sshadapter").joinpath(policy.DISPATCHER_FILE).read_bytes()
+    source = policy.dispatcher_source()
     path: Path = args.write
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o755)

@@ -59,6 +59,13 @@ def digest(value: Any) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(value)).hexdigest()
 
 
+def dispatcher_source() -> bytes:
+    """The host's dispatcher file, as `sshadapter dispatcher --write` writes it."""
+    from importlib.resources import files
+
+    return files("sshadapter").joinpath(DISPATCHER_FILE).read_bytes()
+
+
 def dispatch_hosts(config: Config) -> frozenset[str]:
     """The host aliases marked ``dispatch = true``."""
     return frozenset(alias for alias, host in config.hosts.items() if host.dispatch)
