@@ -80,7 +80,7 @@ PINNED: dict[str, str] = {
     "install -d -m 0755 ~sshadapter/.ssh": (
         "here: the test sshd reads AuthorizedKeysFile from its workdir instead"
     ),
-    "echo 'restrict,from=\"192.0.2.10\",command=\"/usr/local/libexec/sshadapter-dispatch"
+    'echo \'restrict,from="192.0.2.10",command="/usr/local/libexec/sshadapter-dispatch'
     " /etc/sshadapter-dispatch/policy.json\" ssh-ed25519 AAAAC3Nza... sshadapter@adapter'"
     " >> ~sshadapter/.ssh/authorized_keys": (
         "here: the line the keygen block printed is appended to the test sshd's file"
