@@ -28,17 +28,41 @@ answered here, with the policy's digests, for the daemon's drift check.
 
 from __future__ import annotations
 
-import hashlib
+# Every call starts this file anew, so its imports are the cost of a call (a benchmark,
+# tests/bench/bench_dispatch.py): the C modules below instead of socket (its enums),
+# hashlib (OpenSSL's start-up) and typing save about 5 ms of ~21 ms.
+import _socket
+import importlib
 import json
 import os
 import pwd
 import re
 import signal
-import socket
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+
+def _sha256_constructor() -> Any:
+    """The builtin sha256 (_sha256 up to 3.11, _sha2 since 3.12), else hashlib's."""
+    for name in ("_sha256", "_sha2", "hashlib"):
+        try:
+            return importlib.import_module(name).sha256
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError("no sha256")  # pragma: no cover - hashlib always has it
+
+
+_SHA256 = _sha256_constructor()
+
+
+def sha256_hex(data: bytes) -> str:
+    return str(_SHA256(data).hexdigest())
+
 
 VERSION = 1
 POLICY_FORMAT = "sshadapter-dispatch-policy/1"
@@ -92,14 +116,17 @@ REASONS = (
     "bad_invocation",  # the forced command itself is wrong
 )
 
-_SAFE_BARE = re.compile(r"[\w@%+=:,./-]+", re.ASCII)  # shlex.quote leaves these unquoted
-_CANONICAL_INTEGER = re.compile(r"0|-?[1-9][0-9]*")
-_DATE_TIME = re.compile(
+# shlex.quote leaves a word of these unquoted (its [\w@%+=:,./-], ASCII).
+_SAFE_BARE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@%+=:,./-")
+# Patterns as text, compiled on first use only (re's cache): a call that needs none pays none.
+_CANONICAL_INTEGER = r"0|-?[1-9][0-9]*"
+_DATE_TIME = (
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.[0-9]+)?"
     r"(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))"
 )
 _DAYS = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
-_PARAM_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
+_PARAM_FIRST = frozenset("abcdefghijklmnopqrstuvwxyz")
+_PARAM_REST = _PARAM_FIRST | frozenset("0123456789_")
 _SCHEMA_KEYWORDS = {
     "string": {"type", "pattern", "enum", "const", "minLength", "maxLength", "format"},
     "integer": {
@@ -139,7 +166,7 @@ def canonical_json(value: Any) -> bytes:
 
 
 def digest(value: Any) -> str:
-    return "sha256:" + hashlib.sha256(canonical_json(value)).hexdigest()
+    return "sha256:" + sha256_hex(canonical_json(value))
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -183,6 +210,11 @@ def check_policy(policy: Any) -> None:
         _check_operation(operation)
 
 
+def _param_name(name: str) -> bool:
+    """[a-z][a-z0-9_]{0,62}, as the command-file format says (sshadapter/commandfile.py)."""
+    return 0 < len(name) <= 63 and name[0] in _PARAM_FIRST and set(name) <= _PARAM_REST
+
+
 def _check_operation(operation: Any) -> None:
     if not isinstance(operation, dict) or set(operation) != {"argv", "params"}:
         raise Refused("policy_invalid")
@@ -205,20 +237,15 @@ def _check_operation(operation: Any) -> None:
     if used != set(params):
         raise Refused("policy_invalid")
     for name, schema in params.items():
-        if not _PARAM_NAME.fullmatch(name) or not isinstance(schema, dict):
+        if not _param_name(name) or not isinstance(schema, dict):
             raise Refused("policy_invalid")
         kind = schema.get("type")
         if kind not in _SCHEMA_KEYWORDS or not set(schema) <= _SCHEMA_KEYWORDS[kind]:
             raise Refused("policy_invalid")  # a keyword this dispatcher would not enforce
         if "format" in schema and schema["format"] not in _FORMATS:
             raise Refused("policy_invalid")
-        if "pattern" in schema:
-            if not isinstance(schema["pattern"], str):
-                raise Refused("policy_invalid")
-            try:
-                re.compile(schema["pattern"])
-            except re.error:
-                raise Refused("policy_invalid") from None
+        if "pattern" in schema and not isinstance(schema["pattern"], str):
+            raise Refused("policy_invalid")  # compiled when used: a bad one refuses then
         for key in ("minLength", "maxLength"):
             if key in schema and (type(schema[key]) is not int or schema[key] < 0):
                 raise Refused("policy_invalid")
@@ -238,7 +265,7 @@ def quote(text: str) -> str:
     """Exactly ``shlex.quote`` (the daemon's quoting, sshadapter/argv.py)."""
     if not text:
         return "''"
-    if _SAFE_BARE.fullmatch(text):
+    if set(text) <= _SAFE_BARE:
         return text
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
@@ -345,7 +372,7 @@ def _valid(schema: dict[str, Any], text: str) -> bool:
     if kind == "string":
         value = text
     elif kind == "integer":
-        if len(text) > MAX_INTEGER_DIGITS + 1 or not _CANONICAL_INTEGER.fullmatch(text):
+        if len(text) > MAX_INTEGER_DIGITS + 1 or not re.fullmatch(_CANONICAL_INTEGER, text):
             return False
         value = int(text)
     elif text in ("true", "false"):
@@ -368,8 +395,12 @@ def _valid_string(schema: dict[str, Any], value: str) -> bool:
         return False
     if "maxLength" in schema and len(value) > schema["maxLength"]:
         return False
-    if "pattern" in schema and re.search(schema["pattern"], value) is None:
-        return False
+    if "pattern" in schema:
+        try:
+            if re.search(schema["pattern"], value) is None:
+                return False
+        except re.error:
+            raise Refused("policy_invalid") from None
     return schema.get("format") != "date-time" or is_date_time(value)
 
 
@@ -395,7 +426,7 @@ def _json_equal(a: Any, b: Any) -> bool:
 
 def is_date_time(text: str) -> bool:
     """RFC 3339 date-time, as the daemon's ``format: date-time`` (sshadapter/rfc3339.py)."""
-    match = _DATE_TIME.fullmatch(text)
+    match = re.fullmatch(_DATE_TIME, text)
     if match is None:
         return False
     year, month, day, hour, minute, second = (int(match.group(i)) for i in range(1, 7))
@@ -434,9 +465,12 @@ def log(message: str, priority: int, socket_path: str) -> None:
     stamp = time.strftime("%b %d %H:%M:%S", time.localtime())
     line = f"<{LOG_FACILITY_AUTHPRIV * 8 + priority}>{stamp} {TAG}[{os.getpid()}]: {message}"
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+        try:
             sock.settimeout(LOG_SEND_TIMEOUT_SECONDS)
             sock.sendto(line.encode("ascii", "replace"), socket_path)
+        finally:
+            sock.close()
     except OSError:
         pass  # no syslog here: the refusal itself still happens and is on stderr
 
@@ -470,7 +504,7 @@ def _resolve(program: str) -> str | None:
 
 def _refuse(reason: str, raw: bytes | None, log_socket: str, operation: str = "") -> int:
     """Log, then say so on stderr (a client that hung up must not cost the log line)."""
-    command_sha = hashlib.sha256(raw or b"").hexdigest()
+    command_sha = sha256_hex(raw or b"")
     about = f" operation={operation}" if operation else ""
     log(
         f"refused reason={reason}{about} command_sha256={command_sha} "
@@ -533,8 +567,7 @@ def run(operation: str, command: list[str], raw: bytes, log_socket: str) -> int:
         sys.stderr.write(f"{TAG}: {command[0]}: not found\n")
         return NOT_FOUND_STATUS
     log(
-        f"allowed operation={operation} command_sha256={hashlib.sha256(raw).hexdigest()} "
-        f"client={_client()}",
+        f"allowed operation={operation} command_sha256={sha256_hex(raw)} client={_client()}",
         LOG_INFO,
         log_socket,
     )
