@@ -237,23 +237,15 @@ async def run_demo(out: Callable[[str], None] = print) -> int:
             workdir, client, functools.partial(_dispatch_process, dispatch_host), "local"
         )
         commands = _demo_commands(root / "commands", workdir / "commands")
-        user = os.environ.get("USER") or "demo"
+        target = functools.partial(
+            HostSection,
+            address="127.0.0.1",
+            user=os.environ.get("USER") or "demo",
+            client_keys=(client_key,),
+        )
         hosts = {
-            "ci": HostSection(
-                address="127.0.0.1",
-                port=ci_port,
-                user=user,
-                client_keys=(client_key,),
-                known_hosts=ci_known,
-            ),
-            "local": HostSection(
-                address="127.0.0.1",
-                port=local_port,
-                user=user,
-                client_keys=(client_key,),
-                known_hosts=local_known,
-                dispatch=True,
-            ),
+            "ci": target(port=ci_port, known_hosts=ci_known),
+            "local": target(port=local_port, known_hosts=local_known, dispatch=True),
         }
         config = Config(
             server=ServerSection(
