@@ -41,6 +41,7 @@ from dispatch_support import (
     write_policy,
 )
 from sshd import Sshd, generate_key, host_directory, running_sshd
+from test_commands import HOSTILE_ARGUMENTS
 
 from sshadapter import dispatcher, policy
 from sshadapter.config import Allow, AuditSection, Config, PathsSection, ServerSection
@@ -319,25 +320,6 @@ def test_calls_through_the_daemon_succeed_as_before(host: Host, tmp_path: Path) 
 
 # What a thief gets ---------------------------------------------------------------------
 
-HOSTILE = [  # tests/test_commands.py's hostile arguments, and then some
-    "$(rm -rf /)",
-    "`id`",
-    "a; rm -rf /",
-    "line\nnext",
-    "it's",
-    'say "hi"',
-    "",
-    "-n",
-    "a\\b",
-    "*",
-    "~root",
-    "$HOME",
-    "x && y || z",
-    "> /etc/passwd",
-    "\t\r",
-    "é ü",
-]
-
 
 def thief_commands(marker: Path) -> list[str]:
     touch = f"touch {marker}"
@@ -373,7 +355,7 @@ def thief_commands(marker: Path) -> list[str]:
         f"env {touch}",
         f"exec {touch}",
     ]
-    for text in HOSTILE:
+    for text in HOSTILE_ARGUMENTS:
         commands.append(f"df -P -k {text}")
         commands.append(f"df -P -k {shlex.quote(text)}")
         if text:  # "/" alone is a valid path
