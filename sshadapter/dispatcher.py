@@ -43,7 +43,7 @@ import time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from typing import Any
 
 
@@ -311,7 +311,7 @@ def split_command(command: str) -> list[str]:
     return argv
 
 
-def decide(raw: bytes | None, policy: dict[str, Any]) -> tuple[str, list[str]]:
+def decide(raw: bytes | None, policy: Mapping[str, Any]) -> tuple[str, list[str]]:
     """The operation and argv to run for the client's command, or Refused: runs nothing."""
     if not raw:
         raise Refused("no_command")
@@ -447,7 +447,7 @@ def is_date_time(text: str) -> bool:
 # Running it ----------------------------------------------------------------------------
 
 
-def digest_answer(policy: dict[str, Any]) -> bytes:
+def digest_answer(policy: Mapping[str, Any]) -> bytes:
     """What DIGEST_COMMAND prints: the whole policy's digest and each operation's."""
     answer = {
         "dispatcher": VERSION,

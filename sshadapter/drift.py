@@ -206,7 +206,7 @@ def compare(expected: Mapping[str, Any], run: RunResult) -> HostState:
         return HostState(
             "drift",
             drifted,
-            f"{len(drifted)} operations differ ({len(missing)} missing on the host)",
+            f"{len(drifted)} of {len(wanted)} differ, {len(missing)} missing on the host",
         )
     if answer["digest"] == expected["digest"]:
         return HostState("current", frozenset())

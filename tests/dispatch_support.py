@@ -152,7 +152,7 @@ def run_dispatcher(
         argv += ["--log-socket", *args]
     return subprocess.run(
         [*argv, str(policy_file)],
-        env=environb,  # type: ignore[arg-type]  # bytes environments are fine on POSIX
+        env=environb,  # bytes keys and values: a command need not be UTF-8
         stdin=subprocess.DEVNULL,
         capture_output=True,
         timeout=30,

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ REGISTRY = shipped_registry()
 OPERATIONS = sorted(REGISTRY.operations.values(), key=lambda op: op.name)
 
 
-def refusal(policy_doc: dict[str, Any], command: bytes | None) -> str:
+def refusal(policy_doc: Mapping[str, Any], command: bytes | None) -> str:
     with pytest.raises(dispatcher.Refused) as info:
         dispatcher.decide(command, policy_doc)
     return info.value.reason

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ REFUSAL_LINE = b"sshadapter-dispatch: refused (bad_argument) sha256:" + b"0" * 6
 REFUSED = RunResult(b"", REFUSAL_LINE, policy.REFUSED_STATUS)
 
 
-def answer(document: dict[str, Any]) -> RunResult:
+def answer(document: Mapping[str, Any]) -> RunResult:
     """What the host's dispatcher prints for the digest command, for this policy."""
     return RunResult(dispatcher.digest_answer(document), b"", 0)
 
@@ -98,7 +98,10 @@ def test_a_policy_one_operation_behind_is_detected_counted_and_refused(tmp_path:
     async def body(d: Running) -> None:
         monitor = await checked(d)
         state = monitor.state("ci")
-        assert state is not None and (state.result, state.drifted) == ("drift", {"review_status"})
+        assert state is not None and (state.result, set(state.drifted)) == (
+            "drift",
+            {"review_status"},
+        )
         assert metric(d, "sshadapter_dispatch_policy_checks_total", host="ci", result="drift") == 1
         assert metric(d, "sshadapter_dispatch_drifted_operations", host="ci") == 1
 

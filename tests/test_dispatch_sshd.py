@@ -44,6 +44,7 @@ from sshd import Sshd, generate_key, host_directory, running_sshd
 from test_commands import HOSTILE_ARGUMENTS
 
 from sshadapter import dispatcher, policy
+from sshadapter.cli import main as cli_main
 from sshadapter.config import Allow, AuditSection, Config, PathsSection, ServerSection
 from sshadapter.daemon import Daemon, assemble, bind_socket
 from sshadapter.drift import PolicyMonitor
@@ -595,3 +596,39 @@ def test_a_host_one_operation_behind_is_refused_until_updated(host: Host, tmp_pa
         "sshadapter-dispatch: refused (no_match) sha256:"
     )
     shutil.rmtree(tmp_path / "d" / "q", ignore_errors=True)
+
+
+def test_check_hosts_names_what_a_host_lacks(
+    host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`sshadapter check --hosts`: fixtures as offline, then the host's policy; drift is a miss."""
+    key = tmp_path / "local_key"
+    generate_key(key)
+    commands = open_commands(tmp_path / "commands")
+    for path in commands.glob("*.toml"):
+        if 'host = "ci"' in path.read_text():
+            path.unlink()
+    local = ("local",)
+    full = load_registry(commands, ROOT / "schemas", hosts=local, dispatch_hosts=local)
+    installed = host.install("check", policy_without(full.policies["local"], "mount_info"))
+    host.sshd.authorize(more={key: host.options(installed)})
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[paths]\ncommands = "{commands}"\nschemas = "{ROOT / "schemas"}"\n\n'
+        f'[hosts.local]\naddress = "127.0.0.1"\nport = {host.sshd.port}\n'
+        f'user = "{host.sshd.user}"\nclient_keys = ["{key}"]\n'
+        f'known_hosts = "{host.sshd.known_hosts}"\ndispatch = true\n'
+    )
+    assert cli_main(["check", "--config", str(config)]) == 0  # offline: no host asked
+    capsys.readouterr()
+    assert cli_main(["check", "--config", str(config), "--hosts"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    row = "local drift mount_info (1 of 4 differ, 1 missing on the host) MISS"
+    assert lines[-2].split() == row.split()
+    assert lines[-1] == "1 dispatch hosts checked: 0 ok, 1 missed"
+    assert cli_main(["check", "--config", str(config), "--hosts", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report[-1]["kind"] == "dispatch_policy" and report[-1]["ok"] is False
+    assert report[-1]["got"]["refused"] == ["mount_info"]
+    write_policy(installed, full.policies["local"])
+    assert cli_main(["check", "--config", str(config), "--hosts"]) == 0
