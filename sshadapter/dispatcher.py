@@ -482,13 +482,12 @@ def _client() -> str:
 
 
 def _environment() -> dict[bytes, bytes]:
-    account = pwd.getpwuid(os.getuid())
-    values = {
-        "PATH": FIXED_PATH,
-        "HOME": account.pw_dir,
-        "USER": account.pw_name,
-        "LOGNAME": account.pw_name,
-    }
+    try:
+        account = pwd.getpwuid(os.getuid())
+        home, name = account.pw_dir, account.pw_name
+    except KeyError:  # not in the account database: what sshd set, which came from it
+        home, name = os.environ.get("HOME", "/"), os.environ.get("USER", "")
+    values = {"PATH": FIXED_PATH, "HOME": home, "USER": name, "LOGNAME": name}
     return {os.fsencode(key): os.fsencode(values[key]) for key in ENVIRONMENT}
 
 
