@@ -36,6 +36,7 @@ from dispatch_support import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_schema_agreement import HOT_DATE_TIME, date_time_like
 
 from sshadapter import argv as argv_module
 from sshadapter import dispatcher, policy
@@ -301,6 +302,33 @@ def test_a_value_the_daemon_would_not_have_written_is_refused(
         argv[6] = value.removeprefix("--project=")
     command = " ".join(shlex.quote(e) for e in argv)
     assert refusal(synthetic.policies["h"], command.encode()) == reason
+
+
+@settings(max_examples=2000)
+@given(date_time_like | st.text(max_size=40))
+def test_the_dispatchers_date_time_is_the_daemons(text: str) -> None:
+    """format: date-time on the host accepts exactly what jsonschema-rs accepts."""
+    assert dispatcher.is_date_time(text) == HOT_DATE_TIME.is_valid(text)
+
+
+def test_a_date_time_parameter_is_checked_on_the_host(tmp_path: Path) -> None:
+    """A `format: date-time` parameter: a well-formed but impossible time is refused."""
+    text = BASE.replace(
+        "pattern = '^[a-z0-9-]{1,20}$'",
+        "pattern = '^[0-9TtZz:.+-]{1,40}$'\nformat = \"date-time\"",
+        1,
+    )
+    registry = synthetic_registry(tmp_path, text)
+    op = registry.operations["synthetic"]
+    doc = registry.policies["h"]
+    assert doc["operations"]["synthetic"]["params"]["project"]["format"] == "date-time"
+    base = {"text": "t", "count": 5, "flag": True}
+    good = {**base, "project": "2024-12-31T23:59:60Z"}  # a leap second where one can be
+    assert dispatcher.decide(op.command(good).encode(), doc) == ("synthetic", op.argv.argv(good))
+    for impossible in ("2026-13-01T00:00:00Z", "2024-05-01T12:59:60Z", "2026-11-30T04:12:00"):
+        bad = {**base, "project": impossible}
+        assert not op.params_validator.is_valid(bad)  # the daemon refuses it too
+        assert refusal(doc, op.command(bad).encode()) == "bad_argument"
 
 
 # Refusals of the command itself --------------------------------------------------------
