@@ -8,7 +8,11 @@ with ``shlex`` in POSIX mode) sees exactly the argv the template describes, and
 no argument can add, remove or reinterpret an element.
 
 This is the security-critical half of a command file: nothing else builds the
-string that goes to the remote side.
+string that goes to the remote side, and nothing is sent that no remote
+command could receive: a NUL byte (sshd refuses an exec request holding one
+and drops the whole connection, every other call on it included; execve could
+not pass it on anyway) or a command longer than ``MAX_COMMAND_BYTES``. Those
+are the caller's mistakes (``RequestError``), refused before anything runs.
 """
 
 from __future__ import annotations
@@ -19,7 +23,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from sshadapter.errors import ConfigError
+from sshadapter.errors import ConfigError, RequestError
+
+# The longest command string ever sent. The remote shell gets it as one argument
+# (`sh -c COMMAND`), and Linux refuses a single argument over MAX_ARG_STRLEN
+# (128 KiB) with E2BIG; sshd refuses packets over 256 KiB by dropping the
+# connection. 64 KiB is far above any real operation and far below both.
+MAX_COMMAND_BYTES: Final = 64 * 1024
 
 _PLACEHOLDER: Final = re.compile(r"\{\{|\}\}|\{([a-z][a-z0-9_]*)\}|[{}]")
 
@@ -68,11 +78,22 @@ class ArgvTemplate:
         return [element.fill(args) for element in self.elements]
 
     def command(self, args: Mapping[str, Any]) -> str:
-        """The exact remote command string: every element shell-quoted once."""
-        return " ".join(
+        """The exact remote command string: every element shell-quoted once.
+
+        Raises RequestError when no remote command could receive it (see above).
+        """
+        text = " ".join(
             quoted if quoted is not None else shlex.quote(element.fill(args))
             for element, quoted in zip(self.elements, self._quoted, strict=True)
         )
+        if "\x00" in text:  # only an argument can hold one: literals are checked at load
+            names = sorted(n for n, v in args.items() if isinstance(v, str) and "\x00" in v)
+            raise RequestError("unsendable_argument", f"NUL byte in {', '.join(names)}")
+        if len(text) * 4 > MAX_COMMAND_BYTES and len(text.encode()) > MAX_COMMAND_BYTES:
+            raise RequestError(
+                "command_too_long", f"{len(text.encode())} bytes > {MAX_COMMAND_BYTES}"
+            )
+        return text
 
 
 def render(value: Any) -> str:
@@ -86,7 +107,16 @@ def render(value: Any) -> str:
 
 def parse_template(file: str, argv: Sequence[str]) -> ArgvTemplate:
     """The template of a command file's ``argv``, or ConfigError naming the element."""
-    return ArgvTemplate(tuple(_parse_element(file, i, e) for i, e in enumerate(argv)))
+    for index, element in enumerate(argv):
+        if "\x00" in element:
+            raise ConfigError(file, f"argv[{index}]", "holds a NUL byte: no command receives it")
+    template = ArgvTemplate(tuple(_parse_element(file, i, e) for i, e in enumerate(argv)))
+    fixed = sum(len(e.encode()) for e in argv) + len(argv)
+    if fixed > MAX_COMMAND_BYTES:
+        raise ConfigError(
+            file, "argv", f"longer than {MAX_COMMAND_BYTES} bytes before any argument"
+        )
+    return template
 
 
 def _parse_element(file: str, index: int, element: str) -> ArgvElement:

@@ -1,7 +1,7 @@
 """Semantic checks: tie a schema-valid result to the request and to the clock.
 
 A schema cannot know which project the agent asked about or what time it is
-(DESIGN.md, call pipeline stage 9). These checks run after the schema, on the
+(docs/protocol.md "Stages", 9). These checks run after the schema, on the
 parsed value, and fail with stage ``semantic``.
 """
 

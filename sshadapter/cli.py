@@ -1,5 +1,5 @@
-"""The command line: ``sshadapter serve | call | list | check | schema | policy | dispatcher |
-demo | audit verify``.
+"""The command line: ``sshadapter serve | call | list | mcp | check | schema | policy |
+dispatcher | demo | audit``.
 
 Exit status: 0 success, 1 a check missed or a call failed, 2 a usage or
 configuration error. An operator's mistake is one line naming the file, the
@@ -15,22 +15,29 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from sshadapter import __version__, client, policy
-from sshadapter.check import check_registry, format_table
-from sshadapter.config import DEFAULT_CONFIG_PATH, Config, load_config
+from sshadapter import __version__, client
 from sshadapter.errors import ConfigError
-from sshadapter.registry import Registry, load_registry
+
+if TYPE_CHECKING:
+    from sshadapter.config import Config
+    from sshadapter.registry import Registry
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["mcp"]:
+        # An agent host starts `sshadapter mcp` for every session: it parses its own options
+        # and loads neither pydantic nor the schema libraries (half its start-up time and
+        # RSS; tests/bench/bench_mcp.py). The other commands import them where they are used.
+        return _mcp_main(words[1:])
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(words)
     if not getattr(args, "command", None):
         parser.print_usage(sys.stderr)
         return EXIT_USAGE
@@ -43,8 +50,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _mcp_main(words: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="sshadapter mcp", description=MCP_HELP)
+    _add_socket(parser)
+    try:
+        return _cmd_mcp(parser.parse_args(words))
+    except KeyboardInterrupt:
+        return 130
+
+
+MCP_HELP = "serve MCP on stdio (for an agent host), forwarding each call to the daemon"
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sshadapter", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="sshadapter",
+        description="Named SSH operations for AI agents: the daemon runs only the commands an "
+        "operator defined and answers with validated facts or a failure code.",
+        epilog="Exit status: 0 success, 1 a failed call or a missed check, 2 a usage or "
+        "configuration error (one line naming the file, the key and the reason). "
+        "Reference: docs/ in the source tree.",
+    )
     parser.add_argument("--version", action="version", version=f"sshadapter {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -76,6 +102,10 @@ def _parser() -> argparse.ArgumentParser:
     list_ = sub.add_parser("list", help="list the tools this caller may call")
     _add_socket(list_)
     list_.set_defaults(handler=_cmd_list)
+
+    mcp = sub.add_parser("mcp", help=MCP_HELP)
+    _add_socket(mcp)
+    mcp.set_defaults(handler=_cmd_mcp)
 
     demo = sub.add_parser(
         "demo",
@@ -116,6 +146,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_config(parser: argparse.ArgumentParser) -> None:
+    from sshadapter.config import DEFAULT_CONFIG_PATH
+
     parser.add_argument(
         "--config",
         type=Path,
@@ -135,6 +167,7 @@ def _add_socket(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from sshadapter.config import DEFAULT_CONFIG_PATH
     from sshadapter.daemon import run_daemon
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -154,8 +187,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return asyncio.run(run_demo())
 
 
+def _cmd_mcp(args: argparse.Namespace) -> int:
+    from sshadapter.mcp import run_bridge
+
+    # stderr only: stdout carries nothing but protocol lines (sshadapter.mcp_stdio).
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="sshadapter mcp: %(levelname)s %(message)s"
+    )
+    return asyncio.run(run_bridge(args.socket))
+
+
 def _cmd_audit_verify(args: argparse.Namespace) -> int:
     from sshadapter.audit_verify import verify
+    from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
 
     paths = args.paths
     if not paths:
@@ -197,25 +241,56 @@ def _print_response(message: dict[str, object], socket_path: Path, ok: Any) -> i
     return EXIT_OK if isinstance(response, dict) and ok(response) else EXIT_FAILED
 
 
-def _load(args: argparse.Namespace, *, also_dispatch: str = "") -> tuple[Config, Registry]:
+def _load(args: argparse.Namespace) -> tuple[Config, Registry]:
+    return _load_with_path(args)[1:]
+
+
+def _load_with_path(
+    args: argparse.Namespace, *, also_dispatch: str = ""
+) -> tuple[Path | None, Config, Registry]:
+    """The configuration file used (None: built-in defaults), it, and its registry.
+
+    ``also_dispatch``: a host alias whose policy is wanted before it is marked `dispatch`.
+    """
+    from sshadapter import policy
+    from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
+    from sshadapter.registry import load_registry
+
     path = args.config
     if path is None and DEFAULT_CONFIG_PATH.is_file():
         path = DEFAULT_CONFIG_PATH
     config, _ = load_config(path)
     # Without a config file there are no [hosts] to check host aliases against.
     hosts = config.hosts.keys() if path is not None else None
+    if also_dispatch and also_dispatch not in config.hosts:
+        raise ConfigError(str(path or "<defaults>"), f"hosts.{also_dispatch}", "no such host")
     dispatch_hosts = policy.dispatch_hosts(config) | ({also_dispatch} if also_dispatch else set())
     registry = load_registry(
         config.paths.commands, config.paths.schemas, hosts=hosts, dispatch_hosts=dispatch_hosts
     )
-    return config, registry
+    return path, config, registry
+
+
+def _load_for_check(args: argparse.Namespace) -> tuple[Path | None, Registry]:
+    path, _, registry = _load_with_path(args)
+    return path, registry
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    config, registry = _load(args)
+    from sshadapter.check import check_registry, format_table, warnings
+
+    config_path, config, registry = _load_with_path(args)
     rows = check_registry(registry)
+    for warning in warnings(registry):  # not a miss: the exit status stays the table's
+        print(f"sshadapter: warning: {warning}", file=sys.stderr)
+    if config_path is None:
+        print(
+            "sshadapter: note: no configuration file, so host aliases were not checked "
+            "(give --config to check them)",
+            file=sys.stderr,
+        )
     hosts = []
-    if args.hosts:
+    if args.hosts:  # the one part of `check` that talks to hosts (docs/dispatcher.md)
         from sshadapter.drift import check_hosts, format_hosts
 
         hosts = asyncio.run(check_hosts(config, registry))
@@ -231,11 +306,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 def _cmd_policy(args: argparse.Namespace) -> int:
     """Every operation of one host alias as its dispatcher enforces it (docs/dispatcher.md)."""
-    config, _ = load_config(args.config or _default_config())
-    if args.host not in config.hosts:
-        print(f"sshadapter: no [hosts.{args.host}] in the configuration", file=sys.stderr)
-        return EXIT_USAGE
-    _, registry = _load(args, also_dispatch=args.host)
+    _, _, registry = _load_with_path(args, also_dispatch=args.host)
     document = registry.policies[args.host]
     sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
     return EXIT_OK
@@ -243,6 +314,8 @@ def _cmd_policy(args: argparse.Namespace) -> int:
 
 def _cmd_dispatcher(args: argparse.Namespace) -> int:
     """Write the host's dispatcher (one stdlib-only file) to PATH, mode 0755."""
+    from sshadapter import policy
+
     source = policy.dispatcher_source()
     path: Path = args.write
     try:
@@ -254,10 +327,6 @@ def _cmd_dispatcher(args: argparse.Namespace) -> int:
         print(f"sshadapter: {path}: {exc.strerror}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_OK
-
-
-def _default_config() -> Path | None:
-    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:

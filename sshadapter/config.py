@@ -1,7 +1,8 @@
 """The daemon's configuration: one TOML file, environment overrides, unknown keys refused.
 
-Contract: DESIGN.md "Configuration". ``SSHADAPTER_<SECTION>__<KEY>`` environment
-variables override the file (``SSHADAPTER_SERVER__MAX_CONCURRENT_CALLS=8``).
+Reference: docs/operations.md "Configuration" and config.example.toml.
+``SSHADAPTER_<SECTION>__<KEY>`` environment variables override the file
+(``SSHADAPTER_SERVER__MAX_CONCURRENT_CALLS=8``).
 Relative paths in ``[paths]`` are resolved against the directory of the config
 file, so the same file works from a checkout and from ``/etc/sshadapter/``.
 There is deliberately no option to turn host key checking off.
@@ -13,6 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -27,6 +29,13 @@ DEFAULT_MAX_CONCURRENT_CALLS: Final = 32  # ~2 cores share client crypto and ssh
 DEFAULT_MAX_QUEUE: Final = 64  # beyond this a caller waits too long: answer OVERLOADED at once
 DEFAULT_IDLE_TIMEOUT_SECONDS: Final = 60.0  # an idle agent connection is closed after this
 DEFAULT_READ_TIMEOUT_SECONDS: Final = 10.0  # a client that stalls mid-line is dropped
+# A client that does not take its answer is dropped after this: its buffered response is
+# released. Generous: at 1 MB/s a client reads the largest answer (16 MiB) in 17 s.
+DEFAULT_WRITE_TIMEOUT_SECONDS: Final = 30.0
+# Processes that judge outputs over 64 KiB off the event loop (0: judge them in the loop).
+# One keeps the loop and its small calls responsive on two cores; each costs ~60 MB of
+# memory. (Workers keep the daemon's CPU priority: see offload.py.)
+DEFAULT_EVALUATION_WORKERS: Final = 1
 DEFAULT_DRAIN_TIMEOUT_SECONDS: Final = 30.0  # SIGTERM waits this long for in-flight calls
 DEFAULT_QUARANTINE_MAX_BYTES: Final = 256 * 1024 * 1024  # rejected outputs kept, oldest removed
 DEFAULT_CONNECT_TIMEOUT_SECONDS: Final = 10.0  # TCP + SSH handshake to one host
@@ -59,7 +68,9 @@ class ServerSection(_Section):
     max_queue: Annotated[int, Field(ge=0)] = DEFAULT_MAX_QUEUE
     idle_timeout_seconds: Annotated[float, Field(gt=0)] = DEFAULT_IDLE_TIMEOUT_SECONDS
     read_timeout_seconds: Annotated[float, Field(gt=0)] = DEFAULT_READ_TIMEOUT_SECONDS
+    write_timeout_seconds: Annotated[float, Field(gt=0)] = DEFAULT_WRITE_TIMEOUT_SECONDS
     drain_timeout_seconds: Annotated[float, Field(gt=0)] = DEFAULT_DRAIN_TIMEOUT_SECONDS
+    evaluation_workers: Annotated[int, Field(ge=0, le=64)] = DEFAULT_EVALUATION_WORKERS
 
 
 class PathsSection(_Section):
@@ -102,18 +113,26 @@ class HostSection(_Section):
     dispatch: bool = False
 
 
-class Config(BaseSettings):
-    """The whole configuration; frozen once loaded."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="SSHADAPTER_", env_nested_delimiter="__", extra="forbid", frozen=True
-    )
+class ConfigFile(_Section):
+    """What the TOML file may say: checked strictly (its values have real types)."""
 
     server: ServerSection = ServerSection()
     paths: PathsSection = PathsSection()
     audit: AuditSection = AuditSection()
     metrics: MetricsSection = MetricsSection()
     hosts: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")], HostSection] = {}
+
+
+class Config(BaseSettings, ConfigFile):
+    """The whole configuration, environment overrides applied; frozen once loaded.
+
+    Environment values are text, so they are read the lax way (``"8"`` is 8); the
+    file itself has passed ``ConfigFile`` strictly before.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="SSHADAPTER_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -146,6 +165,7 @@ def load_config(path: Path | None) -> tuple[Config, Path]:
             raise ConfigError(name, "", f"not valid TOML: {exc}") from exc
         base = path.resolve().parent
     try:
+        ConfigFile.model_validate_json(orjson.dumps(data), strict=True)
         config = Config(**data)
     except ValidationError as exc:
         first = exc.errors()[0]

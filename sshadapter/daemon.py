@@ -1,14 +1,26 @@
-"""The daemon: the Unix socket, connection limits, SIGHUP reload and SIGTERM drain.
+"""The daemon: the Unix socket, connection limits, its lifecycle, SIGHUP reload, SIGTERM drain.
 
-Contract: DESIGN.md "Agent contract: the socket" and "Command line".
+Reference: docs/protocol.md (the socket) and docs/operations.md (signals).
 Newline-delimited JSON, one response line per request line, in order, several
-requests per connection. The caller's identity comes from SO_PEERCRED.
+requests per connection. The caller's identity comes from SO_PEERCRED and
+SO_PEERGROUPS, as of connect time.
+
+Lifecycle: STARTING -> SERVING -> DRAINING -> STOPPED. SIGTERM (or SIGINT)
+stops accepting connections and new requests, then waits, within
+``drain_timeout_seconds``, until every request already read has its answer
+written (or its client has gone). Past the deadline the calls still running are
+cancelled: each gets its result record (stage ``shutdown``), and the log names
+them. Then the SSH pools and the audit file are closed.
+
+``assemble`` builds a daemon from a configuration, the one wiring production
+and tests share; tests inject a runner, a clock and a sleep.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import errno
 import grp
 import logging
@@ -17,24 +29,28 @@ import signal
 import socket
 import stat
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-import orjson
 from prometheus_client import start_http_server
 
-from sshadapter import __version__, envelope, policy, systemd
+from sshadapter import __version__, policy, systemd
 from sshadapter.audit import AuditLog, now_text
+from sshadapter.authorize import Peer
 from sshadapter.config import Config, load_config
 from sshadapter.drift import PolicyMonitor
 from sshadapter.errors import ConfigError, UpstreamError
 from sshadapter.metrics import Metrics
+from sshadapter.offload import Judge
+from sshadapter.private_paths import make_private_dirs
 from sshadapter.quarantine import Quarantine
 from sshadapter.registry import load_registry
 from sshadapter.runners.interface import Runner
 from sshadapter.runners.ssh import SshRunner
-from sshadapter.service import Peer, Service
+from sshadapter.service import Service, Sleep
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +58,20 @@ _UCRED: Final = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t
 SO_PEERGROUPS: Final = getattr(socket, "SO_PEERGROUPS", 59)  # asm-generic/socket.h; no constant
 _PEERGROUPS_START_BYTES: Final = 64 * 4  # most callers have few groups
 _PEERGROUPS_MAX_BYTES: Final = 65536 * 4  # NGROUPS_MAX
+# Pending connections the kernel queues while the loop is busy: the system's maximum
+# (net.core.somaxconn caps it), not asyncio's default of 100, which refused a burst of
+# 150 agents with EAGAIN.
+SOCKET_BACKLOG: Final = socket.SOMAXCONN
+_SIGNALS: Final = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+# After the drain deadline, how long a cut call has to deliver its INTERNAL answer.
+CUT_GRACE_SECONDS: Final = 1.0
+
+
+class State(enum.Enum):
+    STARTING = "starting"
+    SERVING = "serving"
+    DRAINING = "draining"
+    STOPPED = "stopped"
 
 
 class SocketInUse(ConfigError):
@@ -50,51 +80,71 @@ class SocketInUse(ConfigError):
 
 def bind_socket(path: Path, mode: int, group: str) -> socket.socket:
     """Bind the agent socket safely: replace only a stale socket, never follow a symlink."""
+    key = "server.socket_path"
     try:
         info = os.lstat(path)
     except FileNotFoundError:
         pass
+    except OSError as exc:
+        raise ConfigError(str(path), key, f"cannot inspect: {exc.strerror}") from exc
     else:
         if not stat.S_ISSOCK(info.st_mode):
-            raise ConfigError(
-                str(path),
-                "server.socket_path",
-                "exists and is not a socket: refusing to replace it",
-            )
+            raise ConfigError(str(path), key, "exists and is not a socket: refusing to replace it")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(str(path))
         except ConnectionRefusedError:
             path.unlink()  # a socket nobody listens on: left by a daemon that died
         except OSError as exc:
-            raise ConfigError(str(path), "server.socket_path", f"cannot probe: {exc}") from exc
+            raise ConfigError(str(path), key, f"cannot probe: {exc.strerror or exc}") from exc
         else:
-            raise SocketInUse(str(path), "server.socket_path", "another daemon is listening")
+            raise SocketInUse(str(path), key, "another daemon is listening")
         finally:
             probe.close()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _socket_directory(path.parent)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     old_umask = os.umask(0o177)  # created 0600: no window in which others can connect
     try:
         sock.bind(str(path))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(str(path), key, f"cannot bind: {exc.strerror}") from exc
     finally:
         os.umask(old_umask)
-    if group:
-        try:
-            os.chown(path, -1, grp.getgrnam(group).gr_gid)
-        except KeyError as exc:
-            sock.close()
-            raise ConfigError("", "server.socket_group", f"no group {group!r}") from exc
-        except OSError as exc:  # not a member of the group, or chown forbidden by a sandbox
-            sock.close()
-            raise ConfigError(
-                str(path),
-                "server.socket_group",
-                f"cannot give the socket to group {group!r}: {exc.strerror}",
-            ) from exc
-    os.chmod(path, mode)
-    sock.listen(socket.SOMAXCONN)
+    try:
+        if group:
+            try:
+                gid = grp.getgrnam(group).gr_gid
+            except KeyError as exc:
+                raise ConfigError("", "server.socket_group", f"no group {group!r}") from exc
+            try:
+                os.chown(path, -1, gid)
+            except OSError as exc:  # not a member of the group, or chown forbidden by a sandbox
+                raise ConfigError(
+                    str(path),
+                    "server.socket_group",
+                    f"cannot give the socket to group {group!r}: {exc.strerror}",
+                ) from exc
+        os.chmod(path, mode)
+        sock.listen(SOCKET_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
     return sock
+
+
+def _socket_directory(directory: Path) -> None:
+    """The socket's directory: created if missing (0700, then the socket's mode applies)."""
+    try:
+        info = os.lstat(directory)
+    except FileNotFoundError:
+        make_private_dirs(directory, key="server.socket_path")
+        return
+    except OSError as exc:
+        reason = f"cannot inspect: {exc.strerror}"
+        raise ConfigError(str(directory), "server.socket_path", reason) from exc
+    if stat.S_ISLNK(info.st_mode):
+        raise ConfigError(str(directory), "server.socket_path", "directory is a symlink")
 
 
 def peer_of(sock: socket.socket) -> Peer:
@@ -125,6 +175,14 @@ def _peer_groups(sock: socket.socket) -> frozenset[int]:
     return frozenset()
 
 
+@dataclass(eq=False)
+class _Connection:
+    """One agent connection."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+
 class Daemon:
     """One running daemon: a listening socket, a Service, and its lifecycle."""
 
@@ -133,7 +191,10 @@ class Daemon:
         self.service = service
         self.runner = runner
         self.audit = audit
-        self._connections: set[asyncio.Task[None]] = set()
+        self.state = State.STARTING
+        self.ready = asyncio.Event()
+        """Set once serving: the socket accepts and READY=1 has been sent."""
+        self._connections: dict[asyncio.Task[None], _Connection] = {}
         self._stopping = asyncio.Event()
         self._server: asyncio.Server | None = None
 
@@ -142,66 +203,96 @@ class Daemon:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopping.set)
-        await self.audit.append(
-            {
-                "type": "start",
-                "time": now_text(),
-                "adapter_version": __version__,
-                "pid": os.getpid(),
-                "tools": sorted(self.service.registry.operations),
-            }
-        )
-        limit = self.config.server.max_request_bytes + 1
-        self._server = await asyncio.start_unix_server(self._accept, sock=sock, limit=limit)
-        warm = getattr(self.runner, "warm", None)
-        monitor = self.service.dispatch
-        dispatched = monitor.hosts if monitor is not None else []
-        warming = [
-            asyncio.create_task(_warm(warm, alias, monitor))
-            for alias in self.config.hosts
-            if warm is not None or alias in dispatched
-        ]
-        if monitor is not None:
-            warming.append(asyncio.create_task(monitor.watch()))
-        systemd.notify("READY=1")
-        log.info(
-            "serving %d tools on %s", len(self.service.registry.operations), sock.getsockname()
-        )
-        await self._stopping.wait()
-        for task in warming:
-            task.cancel()
-        if monitor is not None:
-            await monitor.close()
-        await self.shutdown()
+            loop.add_signal_handler(sig, self.stop)
+        try:
+            await self.audit.append(
+                {
+                    "type": "start",
+                    "time": now_text(),
+                    "adapter_version": __version__,
+                    "pid": os.getpid(),
+                    "tools": sorted(self.service.registry.operations),
+                }
+            )
+            self._server = await asyncio.start_unix_server(
+                self._accept,
+                sock=sock,
+                limit=self.config.server.max_request_bytes + 1,
+                backlog=SOCKET_BACKLOG,
+            )
+            warming = [asyncio.create_task(self._warm(alias)) for alias in self.config.hosts]
+            if self.service.dispatch is not None:
+                warming.append(asyncio.create_task(self.service.dispatch.watch()))
+            self.state = State.SERVING
+            self.ready.set()
+            systemd.notify("READY=1")
+            log.info(
+                "serving %d tools on %s", len(self.service.registry.operations), sock.getsockname()
+            )
+            await self._stopping.wait()
+            for task in warming:
+                task.cancel()
+            if self.service.dispatch is not None:
+                await self.service.dispatch.close()
+            await self.shutdown()
+        finally:
+            for sig in _SIGNALS:
+                loop.remove_signal_handler(sig)
+            self.state = State.STOPPED
 
     def stop(self) -> None:
         self._stopping.set()
 
     async def shutdown(self) -> None:
+        """Drain: no new connections or requests; calls already read get their answers."""
+        self.state = State.DRAINING
         systemd.notify("STOPPING=1")
         if self._server is not None:
             self._server.close()  # stop accepting; connections already open keep going
-        drain = self.config.server.drain_timeout_seconds
-        try:
-            await asyncio.wait_for(self.service.admission.idle.wait(), drain)
-        except TimeoutError:
-            log.warning(
-                "drain deadline passed with %d calls in flight", self.service.admission.admitted
-            )
-        for task in self._connections:
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
-        close = getattr(self.runner, "close", None)
-        if close is not None:
-            await close()
+        for conn in self._connections.values():
+            # No more bytes from any client; what is already buffered is still read (and
+            # answered OVERLOADED), then each connection sees the end and closes.
+            if isinstance(transport := conn.writer.transport, asyncio.ReadTransport):
+                transport.pause_reading()
+            conn.reader.feed_eof()
+        deadline = self.config.server.drain_timeout_seconds
+        tasks = list(self._connections)
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=deadline)
+            if late:
+                self._cut(late, deadline)
+                _, late = await asyncio.wait(late, timeout=CUT_GRACE_SECONDS)
+                for task in late:  # could not even deliver the INTERNAL answer in time
+                    task.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
+        await self.runner.close()
+        self.service.judge.close()
         self.audit.close()
+
+    def _cut(self, late: set[asyncio.Task[None]], deadline: float) -> None:
+        """Past the drain deadline: name the calls still running, then cancel them.
+
+        Each cancelled call writes its result record (stage `shutdown`) and answers
+        INTERNAL (see Service.cut_on_cancel).
+        """
+        running = sorted(self.service.calls.items())
+        log.warning(
+            "drain deadline of %gs passed: cutting %d calls: %s",
+            deadline,
+            len(running),
+            ", ".join(f"{rid} ({call.op.name})" for rid, call in running) or "none running",
+        )
+        self.service.cut_on_cancel = True
+        for task in late:
+            task.cancel()
 
     def reload(self) -> None:
         """SIGHUP: reload commands and schemas whole; a bad set keeps the old one running.
 
         The configuration file itself (hosts, limits, paths) is read at start only.
         """
+        if self.state is not State.SERVING:
+            return
         systemd.notify("RELOADING=1")
         try:
             registry = load_registry(
@@ -216,7 +307,7 @@ class Daemon:
             )
             self.service.metrics.reloads.labels("failure").inc()
         else:
-            self.service.registry = registry
+            self.service.install(registry)
             if self.service.dispatch is not None:  # hosts first, then the reload: check them
                 self.service.dispatch.expect(registry.policies)
                 self.service.dispatch.check_soon()
@@ -224,69 +315,100 @@ class Daemon:
             log.info("reloaded %d tools", len(registry.operations))
         try:
             self.audit.reopen()
-        except OSError as exc:
-            log.error("audit log not reopened: %s", exc)
+        except (ConfigError, OSError) as exc:
+            log.error("audit log not reopened, still writing the old file: %s", exc)
         systemd.notify("READY=1")
+
+    async def _warm(self, alias: str) -> None:
+        """Open the first connection before the first call needs it; a failure is only logged.
+
+        A dispatch host is then asked for its policy (sshadapter/drift.py).
+        """
+        try:
+            await self.runner.warm(alias)
+        except UpstreamError as exc:
+            log.warning("host %s not reachable yet: %s", alias, exc)
+        monitor = self.service.dispatch
+        if monitor is not None and alias in monitor.hosts:
+            await monitor.check(alias)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        drops = self.service.metrics.client_drops
         if len(self._connections) >= self.config.server.max_connections:
-            writer.write(_overloaded())
+            drops.labels("connection_limit").inc()
+            writer.write(self.service.refuse("OVERLOADED"))
             await _close(writer)
             return
-        self._connections.add(task)
+        conn = _Connection(reader, writer)
+        self._connections[task] = conn
         try:
-            await self._converse(reader, writer)
+            await self._converse(conn, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away
+        except asyncio.CancelledError:
+            # shutdown() cancels what is still running past the drain deadline. The task
+            # ends normally: Python 3.11's start_unix_server calls exception() on a cancelled
+            # handler task and logs a traceback (3.12 does not).
             pass
+        except Exception:  # a bug: logged; the daemon keeps serving everyone else
+            log.exception("agent connection failed")
         finally:
-            self._connections.discard(task)
+            self._connections.pop(task, None)
             await _close(writer)
 
-    async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Requests in order, one at a time; idle and stalled clients are dropped."""
+    async def _converse(self, conn: _Connection, writer: asyncio.StreamWriter) -> None:
+        """Requests in order, one at a time; idle, stalled and non-reading clients are dropped."""
+        reader, server = conn.reader, self.config.server
+        drops = self.service.metrics.client_drops
         peer = peer_of(writer.get_extra_info("socket"))
-        server = self.config.server
-        while not self._stopping.is_set():
+        loop = asyncio.get_running_loop()
+        while True:  # during the drain, until the bytes already read run out
+            first = b""
             try:
-                # asyncio.timeout, not wait_for: no extra Task per read on the hot path.
-                async with asyncio.timeout(server.idle_timeout_seconds):
+                # One timeout per request (asyncio.timeout, not wait_for: no extra Task):
+                # the idle timeout until its first byte, then the read timeout for the rest.
+                async with asyncio.timeout(server.idle_timeout_seconds) as limit:
                     first = await reader.readexactly(1)
-                rest = b""
-                if first != b"\n":
-                    async with asyncio.timeout(server.read_timeout_seconds):
+                    rest = b""
+                    if first != b"\n":
+                        limit.reschedule(loop.time() + server.read_timeout_seconds)
                         rest = await reader.readuntil(b"\n")
-            except (TimeoutError, asyncio.IncompleteReadError):
-                return  # idle, stalled mid-line, or gone
+            except TimeoutError:
+                drops.labels("read_timeout" if first else "idle_timeout").inc()
+                return
+            except asyncio.IncompleteReadError:
+                return  # gone, or nothing left to read once the drain began
             except asyncio.LimitOverrunError:
                 # Over max_request_bytes without a newline: answer, then drop the connection
                 # since the rest of the line cannot be told apart from a next request.
-                writer.write(_invalid_request())
-                await writer.drain()
+                drops.labels("request_too_large").inc()
+                writer.write(self.service.refuse("INVALID_REQUEST"))
+                await self._deliver(writer)
                 return
-            response = await self.service.handle((first + rest).rstrip(b"\n"), peer)
+            if self.state is State.SERVING:
+                response = await self.service.handle((first + rest).rstrip(b"\n"), peer)
+            else:  # read while the drain began: nothing ran; another daemon will answer it
+                response = self.service.refuse("OVERLOADED")
             writer.write(response)
             del response  # orjson's buffer is ~4x the response: not kept while the next is read
-            await writer.drain()
+            if not await self._deliver(writer):
+                return
 
-
-def _invalid_request() -> bytes:
-    return (
-        orjson.dumps(
-            envelope.failure(envelope.SYSTEM_TOOL, envelope.new_request_id(), "INVALID_REQUEST")
-        )
-        + b"\n"
-    )
-
-
-def _overloaded() -> bytes:
-    return (
-        orjson.dumps(
-            envelope.failure(envelope.SYSTEM_TOOL, envelope.new_request_id(), "OVERLOADED")
-        )
-        + b"\n"
-    )
+    async def _deliver(self, writer: asyncio.StreamWriter) -> bool:
+        """Wait until the client has taken the answer; drop a client that does not."""
+        if not writer.transport.get_write_buffer_size():
+            return True  # the kernel took all of it already: the usual case, nothing to wait for
+        try:
+            async with asyncio.timeout(self.config.server.write_timeout_seconds):
+                await writer.drain()
+        except TimeoutError:
+            self.service.metrics.client_drops.labels("write_timeout").inc()
+            log.info("agent connection dropped: its answer not read in time")
+            writer.transport.abort()  # releases the buffered answer now
+            return False
+        return True
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
@@ -306,8 +428,21 @@ def open_listening_socket(config: Config) -> tuple[socket.socket, bool]:
     return sock, True
 
 
-def assemble(config: Config) -> Daemon:
-    """Everything a daemon is made of, from one configuration (serve and demo use it)."""
+def assemble(
+    config: Config,
+    *,
+    runner: Runner | None = None,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    sleep: Sleep = asyncio.sleep,
+    judge: Judge | None = None,
+) -> Daemon:
+    """Everything a daemon is made of, from one configuration: serve, demo and tests use it.
+
+    ``runner`` replaces the SSH runner (tests); ``clock`` and ``sleep`` are the time the
+    freshness checks and the retry backoff see; ``judge`` replaces the one the
+    configuration's ``evaluation_workers`` gives (tests watch it). Raises ConfigError
+    naming the path and the reason when a file or directory cannot be used.
+    """
     dispatch_hosts = policy.dispatch_hosts(config)
     registry = load_registry(
         config.paths.commands,
@@ -315,23 +450,31 @@ def assemble(config: Config) -> Daemon:
         hosts=config.hosts.keys(),
         dispatch_hosts=dispatch_hosts,
     )
+    metrics = Metrics()
     audit = AuditLog(config.audit.path, fsync=config.audit.fsync)
     audit.open()
-    quarantine = Quarantine(config.audit.quarantine_dir, config.audit.quarantine_max_bytes)
-    quarantine.open()
-    metrics = Metrics()
-    ssh = SshRunner(
-        config.hosts,
-        on_connect_failure=lambda host, reason: metrics.connect_failures.labels(host, reason).inc(),
-    )
-    metrics.watch_connections(ssh.connections)
+    try:
+        quarantine = Quarantine(config.audit.quarantine_dir, config.audit.quarantine_max_bytes)
+        quarantine.open()
+    except BaseException:
+        audit.close()
+        raise
+    if runner is None:
+        ssh = SshRunner(
+            config.hosts,
+            on_connect_failure=lambda host, reason: metrics.connect_failures.labels(
+                host, reason
+            ).inc(),
+        )
+        metrics.watch_connections(ssh.connections)
+        runner = ssh
     monitor = None
-    if dispatch_hosts:
-        monitor = PolicyMonitor(ssh, metrics)
+    if dispatch_hosts:  # docs/dispatcher.md "Drift"
+        monitor = PolicyMonitor(runner, metrics)
         monitor.expect(registry.policies)
     service = Service(
         registry,
-        ssh,
+        runner,
         audit,
         default_allow=config.server.allow,
         max_request_bytes=config.server.max_request_bytes,
@@ -339,9 +482,12 @@ def assemble(config: Config) -> Daemon:
         max_queue=config.server.max_queue,
         metrics=metrics,
         quarantine=quarantine,
+        clock=clock,
+        sleep=sleep,
+        judge=judge or Judge(config.server.evaluation_workers),
         dispatch=monitor,
     )
-    return Daemon(config, service, ssh, audit)
+    return Daemon(config, service, runner, audit)
 
 
 async def run_daemon(config_path: Path | None) -> int:
@@ -350,9 +496,14 @@ async def run_daemon(config_path: Path | None) -> int:
     daemon = assemble(config)
     if config.metrics.listen:
         host, _, port = config.metrics.listen.rpartition(":")
-        start_http_server(
-            int(port), addr=host.strip("[]"), registry=daemon.service.metrics.registry
-        )
+        try:
+            start_http_server(
+                int(port), addr=host.strip("[]"), registry=daemon.service.metrics.registry
+            )
+        except OSError as exc:
+            daemon.audit.close()
+            reason = f"cannot listen: {exc.strerror or exc}"
+            raise ConfigError(config.metrics.listen, "metrics.listen", reason) from exc
     sock, bound_here = open_listening_socket(config)
     inode = os.lstat(config.server.socket_path).st_ino if bound_here else None
     try:
@@ -362,22 +513,6 @@ async def run_daemon(config_path: Path | None) -> int:
         if bound_here:
             _unlink_if_ours(config.server.socket_path, inode)
     return 0
-
-
-async def _warm(
-    warm: Callable[[str], Awaitable[None]] | None, alias: str, monitor: PolicyMonitor | None
-) -> None:
-    """Open the first connection before the first call needs it; a failure is only logged.
-
-    A dispatch host is then asked for its policy (sshadapter/drift.py).
-    """
-    if warm is not None:
-        try:
-            await warm(alias)
-        except UpstreamError as exc:
-            log.warning("host %s not reachable yet: %s", alias, exc)
-    if monitor is not None and alias in monitor.hosts:
-        await monitor.check(alias)
 
 
 def _unlink_if_ours(path: Path, inode: int | None) -> None:

@@ -9,8 +9,9 @@ it: the client's command in ``SSH_ORIGINAL_COMMAND``, the policy that
 deployment system whose answers include the article's failure modes. The
 daemon runs on a temporary socket with the shipped ``commands/`` and
 ``schemas/``, a client makes calls an agent would make, a thief with the
-adapter's key tries raw commands on ``local``, and the rejection counts are
-printed at the end. Everything is removed afterwards.
+adapter's key tries raw commands on ``local``, the rejection counts are
+printed, and then an MCP host's session goes through ``sshadapter mcp`` (list
+and two calls). Everything is removed afterwards.
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ async def _start_target(
 
 CALLS: Final[list[tuple[str, str, dict[str, Any]]]] = [
     ("real /proc/loadavg, read by a regex extractor", "load_average", {}),
-    ("real df -P -k /, every line accounted for", "disk_usage", {"path": "/"}),
+    ("real df -P -k / in the C locale, every line accounted for", "disk_usage", {"path": "/"}),
     ("real findmnt -J, the tool's own JSON", "mount_info", {"target": "/"}),
     (
         "systemctl show: a declared failure where no systemd runs",
@@ -287,6 +288,8 @@ async def run_demo(out: Callable[[str], None] = print) -> int:
             for line in service.metrics.exposition().decode().splitlines():
                 if line.startswith(("sshadapter_rejections_total", "sshadapter_dispatch_policy")):
                     out("  " + line)
+            out("")
+            await _mcp_session(config.server.socket_path, out)
         finally:
             daemon.stop()
             await serving
@@ -322,6 +325,75 @@ async def _raw_commands(
             for line in dispatch_host.lines:
                 out(f"  the host's log: {line.split(': ', 1)[-1]}")
             out("")
+
+
+MCP_CALLS: Final[list[tuple[str, dict[str, Any]]]] = [
+    ("disk_usage", {"path": "/"}),
+    ("deploy_status", {"environment": "staging"}),
+]
+MCP_TIMEOUT_SECONDS: Final = 30.0
+
+
+async def _mcp_session(socket_path: Path, out: Callable[[str], None]) -> None:
+    """The same daemon through `sshadapter mcp`, as an agent host (Claude Code, Codex...) uses it.
+
+    The host starts the bridge, says initialize, lists the tools and calls two: one
+    JSON-RPC line each way on the bridge's stdin and stdout.
+    """
+    argv = ["sshadapter", "mcp", "--socket", str(socket_path)]
+    out("# the same daemon through MCP, as an agent host starts it (one JSON-RPC line each way)")
+    out("$ " + shlex.join(argv))
+    bridge = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "sshadapter.cli",
+        *argv[1:],
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert bridge.stdin is not None and bridge.stdout is not None
+    requests = [
+        ("initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": DEMO}),
+        ("tools/list", {}),
+        *(("tools/call", {"name": tool, "arguments": args}) for tool, args in MCP_CALLS),
+    ]
+    try:
+        async with asyncio.timeout(MCP_TIMEOUT_SECONDS):
+            for number, (method, params) in enumerate(requests, 1):
+                line = orjson.dumps(
+                    {"jsonrpc": "2.0", "id": number, "method": method, "params": params}
+                )
+                out(f"> {line.decode()}")
+                bridge.stdin.write(line + b"\n")
+                if method == "initialize":
+                    bridge.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+                await bridge.stdin.drain()
+                out(f"< {_mcp_summary(method, orjson.loads(await bridge.stdout.readline()))}")
+    finally:
+        bridge.stdin.close()  # end of input: the bridge exits
+        await bridge.wait()
+
+
+def _mcp_summary(method: str, answer: dict[str, Any]) -> str:
+    """What a host gets, shortened where it repeats itself (schemas, the text mirror)."""
+    result = answer["result"]
+    if method == "initialize":
+        return orjson.dumps({k: result[k] for k in ("protocolVersion", "capabilities")}).decode()
+    if method == "tools/list":
+        hints = (
+            f"{t['name']}{' (read-only)' if t['annotations']['readOnlyHint'] else ''}"
+            for t in result["tools"]
+        )
+        return f"{len(result['tools'])} tools, each with its input and output schema: " + ", ".join(
+            hints
+        )
+    return (
+        f"isError {str(result['isError']).lower()}, structuredContent (and the same text): "
+        + orjson.dumps(result["structuredContent"]).decode()
+    )
+
+
+DEMO: Final = {"name": "sshadapter-demo", "version": "1"}
 
 
 async def _call(path: Path, tool: str, args: dict[str, Any]) -> Any:

@@ -1,6 +1,6 @@
 """The agent contract: the closed envelope, its per-tool schema, and the error codes.
 
-Contract: DESIGN.md "Agent contract". An envelope is either
+Reference: docs/protocol.md "The envelope". An envelope is either
 ``{"tool", "request_id", "outcome": "success", "data"}`` or
 ``{"tool", "request_id", "outcome": "failure", "error": {"code", "retryable"}}``;
 nothing else. Each tool publishes a JSON Schema for its envelope (an object at
@@ -10,13 +10,16 @@ validated against it before it leaves the daemon.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Final
 
-from sshadapter.schemas import DRAFT_2020_12, LoadedSchema
+import orjson
 
-# code -> retryable by default (DESIGN.md table). UPSTREAM_UNAVAILABLE is not
+from sshadapter.schemas import DRAFT_2020_12, Projection
+
+# code -> retryable by default (docs/protocol.md "Error codes"). UPSTREAM_UNAVAILABLE is not
 # retryable for a host key mismatch or an authentication failure.
 CODES: Final[Mapping[str, bool]] = {
     "INVALID_REQUEST": False,
@@ -92,32 +95,36 @@ def envelope_schema(
     *,
     version: int,
     description: str,
-    fields: Sequence[str],
-    output: LoadedSchema,
+    projection: Projection,
     declares_not_found: bool,
 ) -> dict[str, Any]:
-    """The tool's published envelope schema: the output schema, projected to `[agent].fields`."""
-    properties = output.contents["properties"]
-    required = set(output.contents.get("required", ()))
+    """The tool's published envelope schema: exactly what the contract promises the agent.
+
+    Self-contained (no ``$ref`` leaves the document, see ``schemas.Projection``):
+    `data` holds the `[agent].fields` subschemas and nothing else of the output
+    schema. The ``$id`` names the tool and version and ends in a digest of the
+    content, so it changes whenever the content does: the TypeScript SDK v1
+    caches compiled validators by ``$id``, and a reload that changed a field's
+    schema must not be validated with the old one.
+    """
     data = {
         "type": "object",
-        "properties": {name: {"$ref": f"{output.uri}#/properties/{name}"} for name in fields},
-        "required": [name for name in fields if name in required],
+        "properties": dict(projection.properties),
+        "required": list(projection.required),
         "additionalProperties": False,
     }
-    assert all(name in properties for name in fields)  # checked by the loader
     codes = [c for c in CODES if c != "NOT_FOUND" or declares_not_found]
-    embedded = {k: v for k, v in output.contents.items() if k != "$schema"}
-    embedded["$id"] = output.uri
-    return {
+    content: dict[str, Any] = {
         "$schema": DRAFT_2020_12,
-        "$id": f"{ENVELOPE_BASE_URI}{tool}.v{version}.json",
         "title": f"{tool} v{version} result envelope",
         "description": description,
         "type": "object",
         "oneOf": _branches(tool, data, codes),
-        "$defs": {"output": embedded},
     }
+    if projection.defs:
+        content["$defs"] = dict(projection.defs)
+    digest = hashlib.sha256(orjson.dumps(content, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return {"$id": f"{ENVELOPE_BASE_URI}{tool}.v{version}.{digest[:16]}.json", **content}
 
 
 def envelope_guard_schema(published: Mapping[str, Any]) -> dict[str, Any]:
@@ -127,8 +134,9 @@ def envelope_guard_schema(published: Mapping[str, Any]) -> dict[str, Any]:
     envelope adds (closed branches, tool, request_id, outcome, the exact set of
     data fields, the error object) without validating the data values a second
     time: each one is the very object stage 8 validated against the subschema
-    the published schema refers to (``#/properties/<field>`` of the output
-    schema), so re-validating it would only cost time (18% of a 100 KB call).
+    the published schema holds a copy of (``#/properties/<field>`` of the
+    output schema), so re-validating it would only cost time (18% of a 100 KB
+    call).
     Tests and ``sshadapter check`` validate against the full published schema.
     """
     success, failure_branch = published["oneOf"]

@@ -1,26 +1,34 @@
-"""Errors, split by who is at fault.
+"""Errors, split by who is at fault, and the one place each becomes a failure code.
 
     SshadapterError
-    ├── ConfigError      the operator: a config file, command file, schema or fixture is wrong
-    ├── RequestError     the caller: an unparseable request, unknown tool, bad arguments
-    ├── UpstreamError    the remote side: cannot connect, timeout, channel failure
-    └── EvidenceError    the output: anything wrong with the bytes that came back
+    ├── ConfigError       the operator: a config file, command file, schema or fixture is wrong
+    ├── RequestError      the caller: an unparseable request, unknown tool, bad arguments
+    │   └── DeniedError   the caller may not call this tool
+    ├── UpstreamError     the remote side: cannot connect, timeout, channel failure
+    ├── DispatchRefusal   the remote side's policy: the host's dispatcher will not run it
+    ├── EvidenceError     the output: anything wrong with the bytes that came back
+    └── DaemonError       the daemon itself
+        ├── OverloadedError   every call slot is busy and the queue is full
+        └── AuditError        a record could not be made durable
 
-Dependencies' exceptions (orjson, jsonschema, asyncssh) are translated into
-these in exactly one place each, ``raise ... from exc``. Every error that can
-end a call carries a ``stage`` and a ``reason`` from a finite set, because both
-become Prometheus label values and audit fields. Free text (``detail``) is for
-the audit trail only and never reaches the agent.
+Dependencies' exceptions (orjson, jsonschema-rs, asyncssh, OS errors) are
+translated into these in exactly one place each, ``raise ... from exc``.
+
+``failure_of`` is the failure boundary (docs/protocol.md "Error codes"): every
+error maps to the agent's code and ``retryable``, and to the operator's stage
+and reason, there and nowhere else. Anything else that escapes is a bug: it
+maps to INTERNAL with stage ``internal``. Stages and reasons are finite sets,
+because they become Prometheus label values and audit fields. Free text
+(``detail``) is for the audit trail only and never reaches the agent.
 """
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from typing import Final, Literal
 
 Stage = Literal[
-    "request", "authorize", "transport", "exit", "parse", "extract", "schema", "semantic"
-]
-STAGES: Final[tuple[Stage, ...]] = (
     "request",
     "authorize",
     "transport",
@@ -29,6 +37,22 @@ STAGES: Final[tuple[Stage, ...]] = (
     "extract",
     "schema",
     "semantic",
+    "admission",
+    "audit",
+    "internal",
+    "shutdown",
+]
+# Stages of the evidence: where an output can be rejected (docs/protocol.md "Stages").
+EVIDENCE_STAGES: Final[tuple[Stage, ...]] = ("exit", "parse", "extract", "schema", "semantic")
+STAGES: Final[tuple[Stage, ...]] = (
+    "request",
+    "authorize",
+    "transport",
+    *EVIDENCE_STAGES,
+    "admission",
+    "audit",
+    "internal",
+    "shutdown",
 )
 
 # Reasons an output is rejected, by stage. Finite on purpose: they are metric labels.
@@ -57,7 +81,6 @@ EVIDENCE_REASONS: Final[dict[str, frozenset[str]]] = {
             "missing_header",
             "too_many_rows",
             "no_rows",
-            "too_many_lines",
             "missing_key",
             "duplicate_key",
             "bad_type",
@@ -78,6 +101,38 @@ EVIDENCE_REASONS: Final[dict[str, frozenset[str]]] = {
     ),
 }
 
+# Why a request was refused before anything ran: stage `request`, except `not_allowed`
+# (stage `authorize`). For a known tool they are audited; the others only logged.
+REQUEST_REASONS: Final = frozenset(
+    {
+        # the strict JSON parser's reasons, prefixed: the line itself is not strict JSON
+        *(
+            f"json_{reason}"
+            for reason in (
+                "too_large",
+                "bom",
+                "not_utf8",
+                "syntax",
+                "trailing_data",
+                "empty",
+                "duplicate_name",
+                "non_finite_number",
+                "number_out_of_range",
+                "lone_surrogate",
+                "too_deep",
+            )
+        ),
+        "unknown_op",  # `op` is missing, not a string, or not call/list
+        "unknown_request_key",  # a key the op does not take
+        "malformed_call",  # `tool` not a string or `args` not an object
+        "unknown_tool",
+        "bad_arguments",  # the arguments fail the operation's parameter schema
+        "unsendable_argument",  # a NUL byte: no remote command could ever receive it
+        "command_too_long",  # the filled command is over argv.MAX_COMMAND_BYTES
+        "not_allowed",  # DENIED: the caller's uid and groups are not in `allow`
+    }
+)
+
 
 # Why a call got no usable answer from the remote side (stage `transport`).
 TRANSPORT_REASONS: Final = frozenset(
@@ -96,7 +151,6 @@ TRANSPORT_REASONS: Final = frozenset(
     }
 )
 
-
 # Why a call to a dispatch host (`dispatch = true`) was refused; docs/dispatcher.md. Both
 # give UPSTREAM_UNAVAILABLE, never retryable: the same command stays refused until an
 # operator changes a policy, exactly like a refused key (auth_failed).
@@ -104,6 +158,17 @@ DISPATCH_REASONS: Final[dict[str, frozenset[str]]] = {
     "transport": frozenset({"policy_drift"}),  # the host's policy for it differs: not sent
     "exit": frozenset({"remote_refused"}),  # the host's dispatcher refused it, ran nothing
 }
+
+# Why the daemon itself could not answer (stages admission, audit, internal, shutdown).
+DAEMON_REASONS: Final = frozenset(
+    {
+        "overloaded",  # admission: every slot busy and the queue full
+        "intent_not_written",  # audit: the command was not run
+        "result_not_written",  # audit: the command ran; its answer is withheld
+        "bug",  # internal: an exception nothing maps; logged with its traceback
+        "drain_deadline",  # shutdown: still running when drain_timeout_seconds passed
+    }
+)
 
 
 class SshadapterError(Exception):
@@ -124,9 +189,18 @@ class RequestError(SshadapterError):
     """A caller mistake. ``reason`` is for the audit trail; the caller only sees the code."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
+        if reason not in REQUEST_REASONS:
+            raise ValueError(f"unknown request reason {reason}")  # a bug, not input
         self.reason = reason
         self.detail = detail
         super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+class DeniedError(RequestError):
+    """The caller's uid and groups are not allowed to call this tool."""
+
+    def __init__(self) -> None:
+        super().__init__("not_allowed")
 
 
 class UpstreamError(SshadapterError):
@@ -134,19 +208,32 @@ class UpstreamError(SshadapterError):
 
     ``ran`` says whether the command may have started: a failure before the
     channel opened can be retried for any operation, one after it only for an
-    idempotent one (DESIGN.md "Operator contract").
+    idempotent one (docs/command-files.md "retry").
     """
 
     def __init__(self, reason: str, *, retryable: bool, ran: bool, detail: str = "") -> None:
         if reason not in TRANSPORT_REASONS:
             raise ValueError(f"unknown transport reason {reason}")  # a bug, not input
-        self.code = "UPSTREAM_UNAVAILABLE"
-        self.stage: Stage = "transport"
         self.reason = reason
         self.retryable = retryable
         self.ran = ran
         self.detail = detail
         super().__init__(f"transport/{reason}: {detail}" if detail else f"transport/{reason}")
+
+
+class DispatchRefusal(SshadapterError):
+    """A dispatch host will not run this command: its dispatcher refused it
+    (``remote_refused``, stage ``exit``), or its policy for the operation differs from
+    the daemon's (``policy_drift``, stage ``transport``: nothing was sent)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        stage = next((s for s, reasons in DISPATCH_REASONS.items() if reason in reasons), None)
+        if stage is None:
+            raise ValueError(f"unknown dispatch reason {reason}")  # a bug, not input
+        self.stage: Stage = "exit" if stage == "exit" else "transport"
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{self.stage}/{reason}: {detail}" if detail else f"{stage}/{reason}")
 
 
 class EvidenceError(SshadapterError):
@@ -169,3 +256,67 @@ class EvidenceError(SshadapterError):
         self.schema_path = schema_path
         self.instance_path = instance_path
         super().__init__(f"{stage}/{reason}: {detail}" if detail else f"{stage}/{reason}")
+
+
+class DaemonError(SshadapterError):
+    """The daemon could not do its part; the caller is not at fault."""
+
+
+class OverloadedError(DaemonError):
+    """Every call slot is busy and the queue is full."""
+
+
+class AuditError(DaemonError):
+    """A record could not be made durable. ``reason`` says which record it was."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        if reason not in DAEMON_REASONS:
+            raise ValueError(f"unknown audit reason {reason}")  # a bug, not input
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"audit/{reason}: {detail}")
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why a call ended without data: the agent's half (code, retryable), the operator's rest."""
+
+    code: str
+    """From the closed list of docs/protocol.md "Error codes"."""
+    retryable: bool
+    stage: Stage
+    reason: str
+    """From the finite list of its stage."""
+    detail: str = ""
+    """Free text for the audit trail: never for the agent."""
+    schema_path: str = ""
+    instance_path: str = ""
+
+
+def failure_of(exc: BaseException) -> Failure:
+    """The failure boundary: the one mapping from an error to what the call answers."""
+    if isinstance(exc, DeniedError):
+        return Failure("DENIED", False, "authorize", exc.reason, exc.detail)
+    if isinstance(exc, RequestError):
+        return Failure("INVALID_REQUEST", False, "request", exc.reason, exc.detail)
+    if isinstance(exc, UpstreamError):
+        return Failure("UPSTREAM_UNAVAILABLE", exc.retryable, "transport", exc.reason, exc.detail)
+    if isinstance(exc, DispatchRefusal):
+        return Failure("UPSTREAM_UNAVAILABLE", False, exc.stage, exc.reason, exc.detail)
+    if isinstance(exc, EvidenceError):
+        return Failure(
+            "INVALID_RESPONSE",
+            False,
+            exc.stage,
+            exc.reason,
+            exc.detail,
+            exc.schema_path,
+            exc.instance_path,
+        )
+    if isinstance(exc, OverloadedError):
+        return Failure("OVERLOADED", True, "admission", "overloaded")
+    if isinstance(exc, AuditError):
+        return Failure("INTERNAL", False, "audit", exc.reason, exc.detail)
+    if isinstance(exc, asyncio.CancelledError):  # cut by the drain deadline on shutdown
+        return Failure("INTERNAL", False, "shutdown", "drain_deadline")
+    return Failure("INTERNAL", False, "internal", "bug", f"{type(exc).__name__}")

@@ -1,4 +1,4 @@
-"""The call pipeline, stages 6-10 of DESIGN.md "One call, stage by stage".
+"""Judging one attempt's evidence: stages 6-10 of docs/protocol.md "Stages".
 
 ``evaluate`` is everything between "bytes came back" and "the data the agent
 may see". It is pure (no I/O, the clock is an argument), so fixtures run
@@ -12,15 +12,28 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
+
+import orjson
 
 from sshadapter import envelope, policy
 from sshadapter.checks import run_checks
-from sshadapter.errors import EvidenceError
+from sshadapter.errors import DispatchRefusal, EvidenceError, Failure, failure_of
 from sshadapter.registry import Operation
 from sshadapter.runners.interface import RunResult
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """A verdict's envelope, as the response line the agent gets."""
+
+    outcome: str
+    code: str | None
+    """The error code, on failure only."""
+    line: bytes
+    """The envelope's compact JSON and a newline."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +53,8 @@ class Verdict:
     """Free text for the operator: line numbers, validator message. Never for the agent."""
     schema_path: str = ""
     instance_path: str = ""
-
-    @property
-    def outcome(self) -> str:
-        return "success" if self.data is not None else "failure"
+    sealed: Sealed | None = None
+    """Its envelope, when already sealed where it was judged (a worker: see offload)."""
 
     @property
     def rejected(self) -> bool:
@@ -51,14 +62,15 @@ class Verdict:
         return self.code == "INVALID_RESPONSE"
 
     @classmethod
-    def rejection(cls, exc: EvidenceError) -> Verdict:
+    def failed(cls, failure: Failure) -> Verdict:
         return cls(
-            code="INVALID_RESPONSE",
-            stage=exc.stage,
-            reason=exc.reason,
-            detail=exc.detail,
-            schema_path=exc.schema_path,
-            instance_path=exc.instance_path,
+            code=failure.code,
+            retryable=failure.retryable,
+            stage=failure.stage,
+            reason=failure.reason,
+            detail=failure.detail,
+            schema_path=failure.schema_path,
+            instance_path=failure.instance_path,
         )
 
 
@@ -72,11 +84,11 @@ def evaluate(op: Operation, args: Mapping[str, Any], run: RunResult, now: dateti
         op.output_validator.validate(value)  # 8
         run_checks(op.spec.checks, value, args, now)  # 9
         return Verdict(data=project(op, value))  # 10
-    except EvidenceError as exc:
-        return Verdict.rejection(exc)
-    except Exception:  # a bug in the daemon, not the remote side's fault
+    except (EvidenceError, DispatchRefusal) as exc:
+        return Verdict.failed(failure_of(exc))
+    except Exception as exc:  # a bug in the daemon, not the remote side's fault
         log.exception("internal error evaluating %s", op.name)
-        return Verdict(code="INTERNAL", stage="internal", reason="bug")
+        return Verdict.failed(failure_of(exc))
 
 
 def check_exit_status(op: Operation, run: RunResult) -> Verdict | None:
@@ -90,23 +102,21 @@ def check_exit_status(op: Operation, run: RunResult) -> Verdict | None:
     if len(run.stderr) > op.spec.output.max_stderr_bytes:
         raise EvidenceError("parse", "stderr_too_large", f"over {op.spec.output.max_stderr_bytes}")
     if op.dispatched and dispatcher_refused(run):
-        return Verdict(
-            code="UPSTREAM_UNAVAILABLE",
-            retryable=False,
-            stage="exit",
-            reason="remote_refused",
-            detail=run.stderr.split(b"\n", 1)[0][:200].decode("utf-8", "replace"),
-        )
-    meaning = op.exit_meaning(run.exit_status)
-    if meaning is None:
+        line = run.stderr.split(b"\n", 1)[0][:200].decode("utf-8", "replace")
+        raise DispatchRefusal("remote_refused", line)
+    found = op.exit_meaning(run.exit_status, run.stderr)
+    if found is None:
         raise EvidenceError("exit", "undeclared_exit_status", f"exit status {run.exit_status}")
+    meaning, because = found
     if meaning != "success":
+        # A declared INVALID_RESPONSE (a stderr case's `otherwise`, typically) is a
+        # rejection like any other: the service quarantines its bytes.
         return Verdict(
             code=meaning,
             retryable=envelope.CODES[meaning],
             stage="exit",
             reason="declared_exit_status",
-            detail=f"exit status {run.exit_status} = {meaning}",
+            detail=f"exit status {run.exit_status}{f', {because}' if because else ''} = {meaning}",
         )
     if op.spec.output.stderr == "reject" and run.stderr:
         raise EvidenceError("parse", "stderr_not_empty", f"{len(run.stderr)} bytes on stderr")
@@ -123,7 +133,7 @@ def dispatcher_refused(run: RunResult) -> bool:
 
 
 def project(op: Operation, value: Any) -> dict[str, Any]:
-    """A new object with exactly the fields the contract exposes (DESIGN.md stage 10)."""
+    """A new object with exactly the fields the contract exposes (docs/protocol.md "Stages", 10)."""
     return {name: value[name] for name in op.spec.agent.fields if name in value}
 
 
@@ -139,3 +149,18 @@ def seal(op: Operation, request_id: str, verdict: Verdict) -> dict[str, Any]:
         log.error("envelope for %s does not match its schema", op.name)
         return envelope.failure(op.name, request_id, "INTERNAL")
     return sealed
+
+
+def seal_line(op: Operation, request_id: str, verdict: Verdict) -> Sealed:
+    """``seal``, serialized: the response line (an exact-size copy when it is large)."""
+    if verdict.sealed is not None:
+        return verdict.sealed
+    sealed = seal(op, request_id, verdict)
+    line = orjson.dumps(sealed, option=orjson.OPT_APPEND_NEWLINE)
+    if len(line) > COMPACT_ABOVE_BYTES:  # orjson's buffer is ~4x its output: keep a copy
+        line = memoryview(line).tobytes()
+    failed = sealed["outcome"] == "failure"
+    return Sealed(sealed["outcome"], sealed["error"]["code"] if failed else None, line)
+
+
+COMPACT_ABOVE_BYTES: Final = 64 * 1024  # a line this large may wait for an fsync before it goes

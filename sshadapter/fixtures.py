@@ -1,6 +1,6 @@
 """Contract fixtures: recorded outputs beside each operation, with the envelope they must give.
 
-Layout (DESIGN.md "Contract fixtures"): ``commands/<tool>.fixtures/<case>.stdout``
+Layout (docs/fixtures.md): ``commands/<tool>.fixtures/<case>.stdout``
 (raw bytes), optional ``<case>.stderr``, and ``<case>.case.json``::
 
     {"args": {...}, "exit_status": 0, "now": "2026-11-30T04:12:00Z",
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from sshadapter.envelope import CODES
-from sshadapter.errors import STAGES, ConfigError
+from sshadapter.errors import STAGES, ConfigError, EvidenceError
 from sshadapter.registry import Operation
 from sshadapter.rfc3339 import parse_rfc3339
 from sshadapter.strict_json import StrictJSONError, strict_loads
@@ -74,6 +74,7 @@ def _load_case(op: Operation, path: Path) -> Fixture:
     args = spec.get("args", {})
     if not isinstance(args, dict):
         raise ConfigError(file, "args", "must be an object")
+    _check_args(op, file, args)
     exit_status = spec.get("exit_status", 0)
     if type(exit_status) is not int or not 0 <= exit_status <= 255:
         raise ConfigError(file, "exit_status", "must be an integer 0-255")
@@ -90,6 +91,19 @@ def _load_case(op: Operation, path: Path) -> Fixture:
     stderr_path = path.with_name(f"{case}.stderr")
     stderr = stderr_path.read_bytes() if stderr_path.is_file() else b""
     return Fixture(op.name, case, stdout_path.read_bytes(), stderr, exit_status, args, now, expect)
+
+
+def _check_args(op: Operation, file: str, args: Mapping[str, Any]) -> None:
+    """A fixture's arguments are ones an agent could send: they pass the parameter schema.
+
+    Otherwise the fixture proves something about a call that can never happen
+    (stage 3 refuses it before the command runs).
+    """
+    try:
+        op.params_validator.validate(args)
+    except EvidenceError as exc:  # the validator speaks of evidence; here the fixture is wrong
+        where = ".".join(("args", *exc.instance_path.split("/")[1:]))
+        raise ConfigError(file, where, f"fails the parameter schema: {exc.detail}") from exc
 
 
 def _check_expect(file: str, expect: Any) -> Mapping[str, Any]:

@@ -1,6 +1,6 @@
 """Prometheus metrics of calls and rejections, on a loopback listener.
 
-Contract: DESIGN.md "Metrics". Every label value comes from a finite set:
+Reference: docs/metrics.md. Every label value comes from a finite set:
 tool names from the loaded registry (``sshadapter`` for requests that name no
 known tool), outcomes and codes from the envelope contract, stages and
 reasons from the finite lists in ``errors``, host aliases from the config.
@@ -10,7 +10,7 @@ Nothing a client or a remote side sends becomes a label.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import (
     CollectorRegistry,
@@ -27,6 +27,14 @@ from sshadapter import __version__
 
 # Seconds: a warm SSH call takes ~4 ms; timeouts go up to minutes.
 DURATION_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Why the daemon closes an agent connection (sshadapter_client_drops_total{reason}).
+CLIENT_DROP_REASONS: Final = (
+    "idle_timeout",  # no request for idle_timeout_seconds
+    "read_timeout",  # a request line not finished within read_timeout_seconds
+    "request_too_large",  # a line over max_request_bytes: answered, then dropped
+    "write_timeout",  # the answer not taken within write_timeout_seconds
+    "connection_limit",  # over max_connections: answered OVERLOADED, then dropped
+)
 # Bytes of stdout: from a one-line fact to the 16 MiB ceiling.
 OUTPUT_BUCKETS: Final = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)
 
@@ -61,7 +69,7 @@ class Metrics:
         )
         self.rejections = Counter(
             "sshadapter_rejections",
-            "Outputs and requests rejected, by stage and reason.",
+            "Outputs rejected as bad evidence (INVALID_RESPONSE), by stage and reason.",
             ["tool", "stage", "reason"],
             registry=r,
         )
@@ -97,15 +105,30 @@ class Metrics:
             ["host", "result"],
             registry=r,
         )
+        self.dispatch_refusals = Counter(
+            "sshadapter_dispatch_refusals",
+            "Calls to dispatch hosts refused: remote_refused by the host, policy_drift unsent.",
+            ["tool", "reason"],
+            registry=r,
+        )
         self.dispatch_drifted = Gauge(
             "sshadapter_dispatch_drifted_operations",
             "Operations refused as policy_drift because the host's policy differs.",
             ["host"],
             registry=r,
         )
+        self.client_drops = Counter(
+            "sshadapter_client_drops",
+            "Agent connections the daemon closed, by reason.",
+            ["reason"],
+            registry=r,
+        )
         self.reloads = Counter(
             "sshadapter_reloads", "Reloads of commands and schemas.", ["result"], registry=r
         )
+        self._children: dict[tuple[str, str, str | None], tuple[Any, Any]] = {}
+        for reason in CLIENT_DROP_REASONS:  # every series exists from the start, at 0
+            self.client_drops.labels(reason)
         build = Gauge(
             "sshadapter_build_info", "Version of the running daemon.", ["version"], registry=r
         )
@@ -122,11 +145,24 @@ class Metrics:
         tool: str,
         outcome: str,
         code: str | None,
-        stage: str | None,
-        reason: str | None,
         seconds: float,
+        rejection: tuple[str, str] | None = None,
     ) -> None:
-        self.calls.labels(tool, outcome, code or "none").inc()
-        self.duration.labels(tool).observe(seconds)
-        if outcome == "failure" and stage and reason:
-            self.rejections.labels(tool, stage, reason).inc()
+        """One answered call; ``rejection`` (stage, reason) only when the evidence was refused.
+
+        A declared failure (NOT_FOUND, a refused request, DENIED) is an answer, not bad
+        evidence: it is counted in calls_total only, so the rejections alert means what
+        it says (docs/metrics.md).
+        """
+        key = (tool, outcome, code)
+        children = self._children.get(key)
+        if children is None:  # labels() takes a lock and builds a tuple: once per label set
+            children = (
+                self.calls.labels(tool, outcome, code or "none"),
+                self.duration.labels(tool),
+            )
+            self._children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
+        if rejection is not None:
+            self.rejections.labels(tool, *rejection).inc()

@@ -1,7 +1,7 @@
 """Near-misses: outputs one small step away from an accepted fixture, each of which must fail.
 
 From every accepted fixture ``sshadapter check`` derives the cases the article
-lists (DESIGN.md "Contract fixtures"): an extra property in each object,
+lists (docs/fixtures.md "Near-misses"): an extra property in each object,
 ``null`` for each field, each member duplicated in the raw text, an array
 around the whole, over-long strings, a banner line before, trailing text
 after, and an ``error`` object beside the data. Text formats get the ones that

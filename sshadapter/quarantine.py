@@ -1,20 +1,28 @@
 """Quarantine: the raw bytes of every rejected output, kept for the operator, never shown.
 
-Contract: DESIGN.md "Audit". The directory is 0700 and each file 0600 from
-the moment it exists (created with those modes, never chmod-ed afterwards),
-so there is no window in which another account can read evidence that may
-hold secrets. The total size is capped: the oldest files go first.
+Reference: docs/audit.md "Quarantine". The directory is the daemon's own
+(owned by its uid, 0700: one created beforehand by another account is
+refused, see private_paths) and each file is 0600 from the moment it exists
+(created with that mode, never chmod-ed afterwards), so there is no window in
+which another account can read evidence that may hold secrets. Files are
+created and removed relative to the directory's descriptor, so the directory
+cannot be swapped under the daemon. The total size is capped: the oldest files
+go first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import stat
 import threading
 from pathlib import Path
 from typing import Final
 
-DIR_MODE: Final = 0o700
+from sshadapter.errors import ConfigError
+from sshadapter.private_paths import check_private, make_private_dirs
+
 FILE_MODE: Final = 0o600
 _SAFE_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 
@@ -27,35 +35,55 @@ class Quarantine:
         self.max_bytes = max_bytes
         self._lock = threading.Lock()  # writes run in worker threads
         self._sizes: dict[str, int] | None = None
+        self._dir_fd: int | None = None
 
     def open(self) -> None:
-        old_umask = os.umask(0o077)
+        """Open (creating it 0700 if missing) or raise ConfigError naming the path and fix."""
+        key = "audit.quarantine_dir"
+        make_private_dirs(self.directory, key=key)
         try:
-            self.directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-        finally:
-            os.umask(old_umask)
-        if self.directory.is_symlink() or (self.directory.stat().st_mode & 0o077):
-            raise PermissionError(f"{self.directory} must be a 0700 directory, not a symlink")
-        entries = sorted(self.directory.iterdir(), key=lambda p: p.stat().st_mtime_ns)
-        self._sizes = {p.name: p.stat().st_size for p in entries if p.is_file()}
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(self.directory, flags)
+        except OSError as exc:
+            raise ConfigError(str(self.directory), key, f"cannot open: {exc.strerror}") from exc
+        try:
+            check_private(self.directory, os.fstat(fd), key=key, kind="directory")
+            entries = []
+            for name in os.listdir(fd):
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode):
+                    entries.append((info.st_mtime_ns, name, info.st_size))
+        except BaseException:
+            os.close(fd)
+            raise
+        self._dir_fd = fd
+        self._sizes = {name: size for _, name, size in sorted(entries)}
+
+    def close(self) -> None:
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
 
     def keep(self, name: str, data: bytes) -> str | None:
         """Store ``data`` as ``name``; return the name, or None when the cap is 0."""
         if not _SAFE_NAME.fullmatch(name):
             raise ValueError(f"unsafe quarantine file name {name!r}")  # a bug, never input
-        if self._sizes is None:
+        if self._sizes is None or self._dir_fd is None:
             raise RuntimeError("quarantine is not open")
         if self.max_bytes == 0 or len(data) > self.max_bytes:
             return None
         with self._lock:
             self._evict(room_for=len(data))
             fd = os.open(
-                self.directory / name,
+                name,
                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
                 FILE_MODE,
+                dir_fd=self._dir_fd,
             )
             try:
-                os.write(fd, data)
+                view = memoryview(data)
+                while view:  # a short write to a regular file: write the rest
+                    view = view[os.write(fd, view) :]
             finally:
                 os.close(fd)
             self._sizes[name] = len(data)
@@ -66,5 +94,6 @@ class Quarantine:
         total = sum(self._sizes.values())
         while self._sizes and total + room_for > self.max_bytes:
             oldest = next(iter(self._sizes))  # insertion order is age order
-            (self.directory / oldest).unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(oldest, dir_fd=self._dir_fd)
             total -= self._sizes.pop(oldest)

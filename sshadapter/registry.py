@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
-from sshadapter import envelope, policy
+from sshadapter import __version__, envelope, policy
 from sshadapter.argv import ArgvTemplate, parse_template
-from sshadapter.commandfile import CommandFile, read_command_file
+from sshadapter.commandfile import CommandFile, parse_command_file, read_command_bytes
 from sshadapter.errors import ConfigError, EvidenceError, RequestError
+from sshadapter.exitstatus import ByStderr, ExitCodes, ExitMeaning
 from sshadapter.extract import (
     DEFAULT_MAX_ROWS,
     JsonFormat,
@@ -30,7 +33,19 @@ from sshadapter.extract import (
     OutputFormat,
     RegexFormat,
 )
-from sshadapter.schemas import DRAFT_2020_12, LoadedSchema, SchemaSet, Validator
+from sshadapter.linear_regex import LinearPattern, LinearRegexError, compile_linear
+from sshadapter.schemas import (
+    DRAFT_2020_12,
+    LoadedSchema,
+    SchemaSet,
+    Validator,
+    pattern_refusal,
+    read_schema_files,
+)
+
+# The parser and constants of `re` itself (see admits_nul); untyped private modules.
+_sre_parser: Any = importlib.import_module("re._parser")
+_sre_constants: Any = importlib.import_module("re._constants")
 
 TOOL_NAME: Final = re.compile(r"[a-z][a-z0-9_]{1,62}")
 RESERVED_TOOL: Final = "sshadapter"  # answers requests that name no known tool
@@ -46,6 +61,7 @@ class Operation:
     """Of the command file's bytes, for the audit record."""
     spec: CommandFile
     argv: ArgvTemplate
+    exit_codes: ExitCodes
     params_schema: Mapping[str, Any]
     """Closed JSON Schema of the `args` object, published in `list`."""
     params_validator: Validator
@@ -58,16 +74,30 @@ class Operation:
     """The published schema, in full: tests and `sshadapter check`."""
     envelope_guard: Validator
     """The same minus re-validating data values: every response (see envelope_guard_schema)."""
+    warnings: tuple[tuple[str, str], ...] = ()
+    """(key, text) an operator should read: `sshadapter check` prints them, loads log them."""
     dispatched: bool = False
     """Its host runs sshadapter-dispatch (`dispatch = true`): see docs/dispatcher.md."""
+
+    @cached_property
+    def audit_fields(self) -> Mapping[str, Any]:
+        """What every audit record of this operation says of it (built once, not per call)."""
+        return {
+            "tool": self.name,
+            "tool_version": self.spec.version,
+            "command_sha256": self.sha256,
+            "schema_sha256": self.schema.sha256,
+            "adapter_version": __version__,
+            "host": self.spec.host,
+        }
 
     def command(self, args: Mapping[str, Any]) -> str:
         """The exact remote command string: every element shell-quoted once."""
         return self.argv.command(args)
 
-    def exit_meaning(self, status: int | None) -> str | None:
-        """`success`, an error code, or None for an undeclared status."""
-        return None if status is None else self.spec.output.exit_codes.get(str(status))
+    def exit_meaning(self, status: int | None, stderr: bytes = b"") -> ExitMeaning | None:
+        """`success` or an error code (and why), or None for an undeclared status."""
+        return self.exit_codes.meaning(status, stderr)
 
     def check_args(self, args: Any) -> None:
         """Stage 3: the arguments against the closed parameter schema."""
@@ -79,11 +109,54 @@ class Operation:
 
 
 @dataclass(frozen=True)
+class RegistrySource:
+    """The bytes a registry is built from, read once: the same bytes build the same registry
+    anywhere (the evaluation workers build theirs from it)."""
+
+    commands_dir: Path
+    schemas_dir: Path
+    commands: Mapping[str, bytes]
+    """`<tool>.toml` -> bytes."""
+    schemas: Mapping[str, bytes]
+    """`<name>.json` -> bytes."""
+    dispatch_hosts: frozenset[str] = frozenset()
+    """Host aliases behind sshadapter-dispatch (`dispatch = true`): their operations must
+    be ones the dispatcher can enforce, and their policies are built (docs/dispatcher.md)."""
+
+    @classmethod
+    def read(
+        cls, commands_dir: Path, schemas_dir: Path, dispatch_hosts: Collection[str] = ()
+    ) -> RegistrySource:
+        if not commands_dir.is_dir():
+            raise ConfigError(str(commands_dir), "", "commands directory does not exist")
+        commands = {p.name: read_command_bytes(p) for p in sorted(commands_dir.glob("*.toml"))}
+        schemas = read_schema_files(schemas_dir)
+        return cls(commands_dir, schemas_dir, commands, schemas, frozenset(dispatch_hosts))
+
+    @property
+    def digest(self) -> str:
+        """sha256 over every file name and content: changes whenever any file does."""
+        h = hashlib.sha256()
+        for kind, files in (("commands", self.commands), ("schemas", self.schemas)):
+            for name, raw in sorted(files.items()):
+                h.update(f"{kind}/{name}\0{len(raw)}\0".encode())
+                h.update(raw)
+        for alias in sorted(self.dispatch_hosts):
+            h.update(f"dispatch/{alias}\0".encode())
+        return h.hexdigest()
+
+
+@dataclass(frozen=True)
 class Registry:
     """Every operation of a commands directory, with the schemas they use."""
 
     operations: Mapping[str, Operation]
     schemas: SchemaSet
+    source: RegistrySource
+    digest: str
+    """``sha256:`` + ``source.digest``: changes whenever any command file or schema does.
+    Sent with `list`, so a client that caches the list (``sshadapter mcp``) notices a
+    reload without comparing schemas."""
     policies: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     """The dispatch policy of each dispatch host alias, as the daemon expects the host's."""
 
@@ -98,23 +171,33 @@ def load_registry(
     hosts: Collection[str] | None,
     dispatch_hosts: Collection[str] = (),
 ) -> Registry:
-    """Load a whole directory or raise ConfigError; ``hosts=None`` skips the host check.
+    """Load a whole directory or raise ConfigError; ``hosts=None`` skips the host check."""
+    source = RegistrySource.read(commands_dir, schemas_dir, dispatch_hosts)
+    return build_registry(source, hosts=hosts)
 
-    The operations of ``dispatch_hosts`` must also be ones the host's dispatcher
-    can enforce (sshadapter/policy.py); their policies are built here.
+
+def build_registry(source: RegistrySource, *, hosts: Collection[str] | None) -> Registry:
+    """The registry of ``source``, or ConfigError naming the first bad file.
+
+    The operations of a dispatch host must also be ones the host's dispatcher can
+    enforce (sshadapter/policy.py); the policies are built here.
     """
-    if not commands_dir.is_dir():
-        raise ConfigError(str(commands_dir), "", "commands directory does not exist")
-    schemas = SchemaSet(schemas_dir)
+    schemas = SchemaSet(source.schemas_dir, source.schemas)
     operations = {}
-    for path in sorted(commands_dir.glob("*.toml")):
-        operation = load_operation(path, schemas, hosts=hosts, dispatch_hosts=dispatch_hosts)
+    for name, raw in sorted(source.commands.items()):
+        operation = load_operation(
+            source.commands_dir / name,
+            schemas,
+            hosts=hosts,
+            raw=raw,
+            dispatch_hosts=source.dispatch_hosts,
+        )
         operations[operation.name] = operation
     policies = {
         alias: policy.host_policy(alias, operations.values(), schemas)
-        for alias in sorted(dispatch_hosts)
+        for alias in sorted(source.dispatch_hosts)
     }
-    return Registry(operations, schemas, policies)
+    return Registry(operations, schemas, source, f"sha256:{source.digest}", policies)
 
 
 def load_operation(
@@ -122,15 +205,19 @@ def load_operation(
     schemas: SchemaSet,
     *,
     hosts: Collection[str] | None,
+    raw: bytes | None = None,
     dispatch_hosts: Collection[str] = (),
 ) -> Operation:
+    """One command file (``raw``: its bytes, when already read) as an Operation."""
     file = str(path)
     name = path.stem
     if not TOOL_NAME.fullmatch(name):
         raise ConfigError(file, "", f"tool name {name!r} must match ^[a-z][a-z0-9_]{{1,62}}$")
     if name == RESERVED_TOOL:
         raise ConfigError(file, "", f"{RESERVED_TOOL!r} is reserved")
-    raw, spec = read_command_file(path)
+    if raw is None:
+        raw = read_command_bytes(path)
+    spec = parse_command_file(path, raw)
     if hosts is not None and spec.host not in hosts:
         raise ConfigError(file, "host", f"no [hosts.{spec.host}] in the configuration")
     argv = parse_template(file, spec.argv)
@@ -138,13 +225,15 @@ def load_operation(
     params_schema = _params_schema(file, spec)
     schema = schemas.get(spec.output.schema_file, file=file, key="output.schema")
     _check_fields(file, spec, schema)
+    _check_optional_keys(file, spec, schema)
+    parser = _build_parser(file, spec)
+    _check_extracted_fields(file, spec, schema, parser)
     env_schema = envelope.envelope_schema(
         name,
         version=spec.version,
         description=spec.description,
-        fields=spec.agent.fields,
-        output=schema,
-        declares_not_found="NOT_FOUND" in spec.output.exit_codes.values(),
+        projection=schemas.project(schema, spec.agent.fields),
+        declares_not_found="NOT_FOUND" in spec.output.meanings,
     )
     return Operation(
         name=name,
@@ -152,14 +241,16 @@ def load_operation(
         sha256=hashlib.sha256(raw).hexdigest(),
         spec=spec,
         argv=argv,
+        exit_codes=_exit_codes(file, spec),
         params_schema=params_schema,
         params_validator=schemas.compile(params_schema, file=file),
-        parser=_build_parser(file, spec),
+        parser=parser,
         schema=schema,
         output_validator=schemas.compile(schema.contents, file=file, base_uri=schema.uri),
         envelope_schema=env_schema,
         envelope_validator=schemas.compile(env_schema, file=file),
         envelope_guard=schemas.compile(envelope.envelope_guard_schema(env_schema), file=file),
+        warnings=tuple(_param_warnings(spec)),
         dispatched=spec.host in dispatch_hosts,
     )
 
@@ -209,6 +300,9 @@ def _params_schema(file: str, spec: CommandFile) -> dict[str, Any]:
             )
         if kind == "integer" and ("minimum" not in param or "maximum" not in param):
             raise ConfigError(file, key, "integer parameter needs `minimum` and `maximum`")
+        pattern = param.get("pattern")
+        if isinstance(pattern, str) and (refused := pattern_refusal(pattern)):
+            raise ConfigError(file, f"{key}.pattern", refused)
     return {
         "$schema": DRAFT_2020_12,
         "type": "object",
@@ -216,6 +310,76 @@ def _params_schema(file: str, spec: CommandFile) -> dict[str, Any]:
         "required": sorted(spec.params),
         "additionalProperties": False,
     }
+
+
+def _param_warnings(spec: CommandFile) -> Iterator[tuple[str, str]]:
+    """Parameters whose schema admits a NUL byte, which is refused at every call anyway."""
+    for name, param in spec.params.items():
+        pattern = param.get("pattern")
+        values = [*param.get("enum", ()), param.get("const", "")]
+        if (isinstance(pattern, str) and admits_nul(pattern)) or any(
+            isinstance(v, str) and "\x00" in v for v in values
+        ):
+            yield (
+                f"params.{name}",
+                "admits a NUL byte, which no remote command can receive: every call with one "
+                "is refused (INVALID_REQUEST, unsendable_argument); say what you mean, e.g. "
+                "[^\\x00] or an explicit class instead of `.`",
+            )
+
+
+def admits_nul(pattern: str) -> bool:
+    """Whether some atom of ``pattern`` can match NUL (a warning's heuristic, not a proof).
+
+    Reads the pattern with Python's own regex parser, whose syntax covers what the
+    linear engines accept; a pattern it cannot read is not warned about.
+    """
+    try:
+        parsed = _sre_parser.parse(pattern)
+    except (re.error, RecursionError):
+        return False
+    return _nul_in(parsed)
+
+
+def _nul_in(items: Any) -> bool:
+    c = _sre_constants
+    for op, av in items:
+        if op is c.ANY or (op is c.LITERAL and av == 0) or (op is c.NOT_LITERAL and av != 0):
+            return True
+        if op is c.IN and _class_has_nul(av):
+            return True
+        if op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT) and av[1] > 0:
+            if _nul_in(av[2]):
+                return True
+        elif (
+            (op is c.SUBPATTERN and _nul_in(av[3]))
+            or (op is c.BRANCH and any(_nul_in(branch) for branch in av[1]))
+            or (op is c.ATOMIC_GROUP and _nul_in(av))
+        ):
+            return True
+    return False
+
+
+def _class_has_nul(items: Any) -> bool:
+    c = _sre_constants
+    negate = bool(items) and items[0][0] is c.NEGATE
+    covered = False
+    for op, av in items[1:] if negate else items:
+        if (
+            (op is c.LITERAL and av == 0)
+            or (op is c.RANGE and av[0] == 0)
+            or (
+                op is c.CATEGORY
+                and av
+                in (
+                    c.CATEGORY_NOT_DIGIT,
+                    c.CATEGORY_NOT_SPACE,
+                    c.CATEGORY_NOT_WORD,
+                )
+            )
+        ):
+            covered = True
+    return covered != negate
 
 
 def _check_fields(file: str, spec: CommandFile, schema: LoadedSchema) -> None:
@@ -235,16 +399,100 @@ def _check_fields(file: str, spec: CommandFile, schema: LoadedSchema) -> None:
         raise ConfigError(file, "checks.fresh.field", f"not a property of {schema.name}")
 
 
+def _check_optional_keys(file: str, spec: CommandFile, schema: LoadedSchema) -> None:
+    """A key the command may leave out cannot be one the schema requires."""
+    required = set(schema.contents.get("required", ()))
+    for key in spec.output.optional_keys:
+        if key in required:
+            raise ConfigError(
+                file, "output.optional_keys", f"{key!r} may be absent but {schema.name} requires it"
+            )
+
+
+def _check_extracted_fields(
+    file: str, spec: CommandFile, schema: LoadedSchema, parser: OutputFormat
+) -> None:
+    """Every field a text extractor makes must be a property the schema declares.
+
+    Otherwise each accepted output fails at the schema stage (an unknown property
+    of a closed object), and the fixtures say so without saying why.
+    """
+    out = spec.output
+    if isinstance(parser, RegexFormat):
+        key, fields, row = "output.pattern", parser.pattern.groups, schema.contents
+    elif isinstance(parser, LinesFormat):
+        key, fields = "output.row", parser.row.groups
+        row = schema.contents if out.shape == "one" else _rows_item(schema.contents)
+    elif isinstance(parser, KvFormat):
+        key, fields, row = "output.keys", (*parser.keys, *parser.optional), schema.contents
+    else:
+        return
+    properties = row.get("properties") if isinstance(row, dict) else None
+    if not isinstance(properties, dict):
+        return  # a row schema this check cannot read (composed, or in another file)
+    for name in fields:
+        if name not in properties:
+            where = schema.name if row is schema.contents else f"a row in {schema.name}"
+            raise ConfigError(
+                file,
+                key,
+                f"field {name!r} is not a property of {where}: every output would fail the schema",
+            )
+
+
+def _rows_item(contents: Mapping[str, Any]) -> Any:
+    """The schema of one row of ``{"rows": [...]}``, following a local ``$ref``."""
+    item = contents.get("properties", {}).get("rows", {}).get("items")
+    ref = item.get("$ref") if isinstance(item, dict) else None
+    if isinstance(ref, str) and ref.startswith("#/"):
+        node: Any = contents
+        for part in ref[2:].split("/"):
+            node = (
+                node.get(part.replace("~1", "/").replace("~0", "~"), {})
+                if isinstance(node, dict)
+                else {}
+            )
+        return node
+    return item
+
+
+def compile_pattern(file: str, key: str, pattern: str) -> LinearPattern:
+    """An operator's pattern (an extractor's or a stderr case's), or ConfigError naming its key.
+
+    Compiled by RE2, linear in the text it runs on (see linear_regex).
+    """
+    try:
+        return compile_linear(pattern)
+    except LinearRegexError as exc:
+        raise ConfigError(
+            file,
+            key,
+            f"not a valid regular expression for the linear-time engine (RE2): {exc} "
+            "(it has no lookaround, backreferences, possessive or atomic groups; "
+            "write \\Z as \\z)",
+        ) from exc
+
+
+def _exit_codes(file: str, spec: CommandFile) -> ExitCodes:
+    table: dict[int, str | ByStderr] = {}
+    for status, entry in spec.output.exit_codes.items():
+        if isinstance(entry, str):
+            table[int(status)] = entry
+            continue
+        if entry.if_stderr_matches is None:
+            test: Literal["empty"] | LinearPattern = "empty"
+        else:
+            key = f"output.exit_codes.{status}.if_stderr_matches"
+            test = compile_pattern(file, key, entry.if_stderr_matches)
+        table[int(status)] = ByStderr(test, entry.then, entry.otherwise)
+    return ExitCodes(table)
+
+
 def _build_parser(file: str, spec: CommandFile) -> OutputFormat:
     out = spec.output
 
-    def compile_(key: str, pattern: str) -> re.Pattern[str]:
-        try:
-            return re.compile(pattern)
-        except re.error as exc:
-            raise ConfigError(
-                file, f"output.{key}", f"not a valid regular expression: {exc}"
-            ) from exc
+    def compile_(key: str, pattern: str) -> LinearPattern:
+        return compile_pattern(file, f"output.{key}", pattern)
 
     def check_types(groups: Collection[str]) -> None:
         for name in out.types:
@@ -258,15 +506,15 @@ def _build_parser(file: str, spec: CommandFile) -> OutputFormat:
     if out.format == "regex":
         assert out.pattern is not None  # guaranteed by OutputSection
         pattern = compile_("pattern", out.pattern)
-        check_types(pattern.groupindex)
+        check_types(pattern.groups)
         return RegexFormat(out.max_bytes, pattern, out.types)
     if out.format == "lines":
         assert out.row is not None and out.shape is not None  # by OutputSection
         row = compile_("row", out.row)
-        check_types(row.groupindex)
+        check_types(row.groups)
         header = tuple(compile_(f"header[{i}]", h) for i, h in enumerate(out.header))
         max_rows = out.max_rows or (1 if out.shape == "one" else DEFAULT_MAX_ROWS)
         return LinesFormat(out.max_bytes, header, row, out.shape, max_rows, out.types)
     assert out.separator is not None and out.keys is not None  # by OutputSection
-    check_types(out.keys)
-    return KvFormat(out.max_bytes, out.separator, out.keys, out.types)
+    check_types((*out.keys, *out.optional_keys))
+    return KvFormat(out.max_bytes, out.separator, out.keys, out.types, out.optional_keys)

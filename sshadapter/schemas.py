@@ -1,6 +1,6 @@
 """Schemas: load, lint and compile every file in ``schemas/``.
 
-Contract: DESIGN.md "Operator contract". Every schema is Draft 2020-12
+Reference: docs/command-files.md "Schemas". Every schema is Draft 2020-12
 (``$schema`` required) and valid against its metaschema; ``$ref`` resolves only
 to files of the same directory and is never fetched over a network; ``format``
 is an assertion; and the lint refuses an object that is not closed, a string
@@ -16,17 +16,20 @@ shows they agree on every fixture and near-miss.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import jsonschema
 import jsonschema_rs
+import referencing.exceptions
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from sshadapter.errors import ConfigError, EvidenceError
+from sshadapter.linear_regex import LinearRegexError, compile_linear
 from sshadapter.rfc3339 import is_date_time
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
@@ -34,6 +37,9 @@ DRAFT_2020_12: Final = "https://json-schema.org/draft/2020-12/schema"
 BASE_URI: Final = "https://sshadapter.invalid/schemas/"  # .invalid: never resolvable (RFC 2606)
 MAX_SCHEMA_BYTES: Final = 1024 * 1024  # a schema is written by hand; a larger file is a mistake
 MAX_SCHEMA_DEPTH: Final = 64  # nesting of a hand-written schema document
+# `pattern` and `patternProperties` run on untrusted values: the Rust `regex` engine
+# (linear time), never jsonschema-rs's default fancy-regex, which backtracks.
+PATTERN_OPTIONS: Final = jsonschema_rs.RegexOptions()
 
 
 # jsonschema's own date-time check (rfc3339-validator) refuses every leap second, which
@@ -46,6 +52,25 @@ REFERENCE_FORMATS.checks("date-time")(is_date_time)
 def _refuse_retrieval(uri: str) -> Any:
     """jsonschema-rs fetches unknown ``$ref`` targets over HTTP by default; never here."""
     raise LookupError(f"$ref {uri} is not a file in schemas/ (nothing is fetched)")
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Some top-level properties of a schema file, made self-contained for publication.
+
+    What an agent is shown of the output schema (DESIGN.md stage 10): only the
+    projected fields' subschemas, nothing of the file around them (its title,
+    its description of the upstream command, the fields never projected), and
+    every ``$ref`` inside them rewritten to ``#/$defs/<name>`` of the document
+    they are published in, with ``defs`` holding each target once. Nothing
+    points outside that document: 2026-07-28 clients must not fetch a ``$ref``
+    (SEP-2106), and the TypeScript SDK v1 fails its whole ``listTools()`` on one
+    it cannot resolve.
+    """
+
+    properties: Mapping[str, Any]
+    required: tuple[str, ...]
+    defs: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -64,17 +89,19 @@ class LoadedSchema:
 class SchemaSet:
     """All schemas of one directory, loaded whole or not at all."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, files: Mapping[str, bytes] | None = None) -> None:
+        """Load ``directory``, or ``files`` (name -> bytes) read from it earlier."""
         self.directory = directory
         self.schemas: dict[str, LoadedSchema] = {}
-        for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
-            loaded = _load_file(path)
+        if files is None:
+            files = read_schema_files(directory)
+        for name, raw in sorted(files.items()):
+            path = directory / name
+            loaded = _load_file(path, raw)
             for other in self.schemas.values():  # else a $ref to that URI means either file
                 if other.uri.removesuffix("#") == loaded.uri.removesuffix("#"):
                     raise ConfigError(str(path), "$id", f"{loaded.uri} is also {other.name}'s URI")
             self.schemas[loaded.name] = loaded
-        if not directory.is_dir():
-            raise ConfigError(str(directory), "", "schemas directory does not exist")
         resources: list[tuple[str, Any]] = [(s.uri, s.contents) for s in self.schemas.values()]
         try:  # the registry resolves every $ref of every file now, through _refuse_retrieval
             self._rs_registry = jsonschema_rs.Registry(resources, retriever=_refuse_retrieval)
@@ -101,6 +128,7 @@ class SchemaSet:
                 dict(schema),
                 validate_formats=True,
                 ignore_unknown_formats=False,
+                pattern_options=PATTERN_OPTIONS,
                 registry=self._rs_registry,
                 retriever=_refuse_retrieval,
                 base_uri=base_uri,
@@ -108,6 +136,55 @@ class SchemaSet:
         except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as exc:
             raise ConfigError(file, "", f"schema does not compile: {_first_line(exc)}") from exc
         return Validator(compiled)
+
+    def project(self, schema: LoadedSchema, fields: Sequence[str]) -> Projection:
+        """The subschemas of ``fields`` (top-level properties of ``schema``), self-contained."""
+        defs: dict[str, Any] = {}
+        names: dict[int, str] = {}  # id() of a $ref target in the registry -> its $defs key
+
+        def target(ref: str, resolver: Any) -> str:
+            try:
+                resolved = resolver.lookup(ref)
+            except referencing.exceptions.Unresolvable as exc:  # the loader resolved them all
+                raise ConfigError(schema.name, "$ref", f"cannot resolve {ref}") from exc
+            key = names.get(id(resolved.contents))
+            if key is None:
+                stem = _DEFS_NAME.sub("_", ref.rstrip("/").rsplit("/", 1)[-1]) or "ref"
+                key, suffix = stem, 1
+                while key in defs:  # two targets with the same last segment
+                    suffix += 1
+                    key = f"{stem}_{suffix}"
+                names[id(resolved.contents)] = key
+                defs[key] = {}  # reserved before the walk, so a recursive $ref finds it
+                defs[key] = walk(resolved.contents, resolved.resolver)
+            return key
+
+        def walk(node: Any, resolver: Any) -> Any:
+            if not isinstance(node, dict):
+                return node  # true/false, or a keyword's data value
+            if "$id" in node:  # an embedded resource: its refs resolve against its own $id
+                resolver = resolver.in_subresource(DRAFT202012.create_resource(node))
+            out: dict[str, Any] = {}
+            for key, value in node.items():
+                if key in ("$id", "$schema", "$anchor", "$dynamicAnchor"):
+                    continue  # the published document has one $id and one dialect
+                if key == "$ref":
+                    out[key] = f"#/$defs/{target(value, resolver)}"
+                elif key in _ONE:
+                    out[key] = walk(value, resolver)
+                elif key in _LIST:
+                    out[key] = [walk(sub, resolver) for sub in value]
+                elif key in _MAP:
+                    out[key] = {name: walk(sub, resolver) for name, sub in value.items()}
+                else:
+                    out[key] = value
+            return out
+
+        root = self._py_registry.resolver(base_uri=schema.uri)
+        properties = schema.contents.get("properties", {})
+        projected = {name: walk(properties[name], root) for name in fields}
+        required = tuple(name for name in fields if name in schema.contents.get("required", ()))
+        return Projection(projected, required, defs)
 
     def reference_validator(self, schema: Mapping[str, Any]) -> jsonschema.Validator:
         """The pure-Python validator, used by tests to check the two libraries agree."""
@@ -141,12 +218,23 @@ class Validator:
             ) from exc
 
 
-def _load_file(path: Path) -> LoadedSchema:
+def read_schema_files(directory: Path) -> dict[str, bytes]:
+    """Every ``*.json`` of ``directory``, name -> bytes, or ConfigError."""
+    if not directory.is_dir():
+        raise ConfigError(str(directory), "", "schemas directory does not exist")
+    files = {}
+    for path in sorted(directory.glob("*.json")):
+        try:
+            files[path.name] = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(str(path), "", f"cannot read: {exc.strerror}") from exc
+        if len(files[path.name]) > MAX_SCHEMA_BYTES:
+            raise ConfigError(str(path), "", f"larger than {MAX_SCHEMA_BYTES} bytes")
+    return files
+
+
+def _load_file(path: Path, raw: bytes) -> LoadedSchema:
     file = str(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(file, "", f"cannot read: {exc.strerror}") from exc
     try:
         contents = strict_loads(raw, max_bytes=MAX_SCHEMA_BYTES, max_depth=MAX_SCHEMA_DEPTH)
     except StrictJSONError as exc:
@@ -164,6 +252,8 @@ def _load_file(path: Path) -> LoadedSchema:
         key = _pointer(error.absolute_path) or "/"
         raise ConfigError(file, key, f"not a valid Draft 2020-12 schema: {error.message}")
     for pointer, reason in lint(contents):
+        raise ConfigError(file, pointer, reason)
+    for pointer, reason in nonlinear_patterns(contents):
         raise ConfigError(file, pointer, reason)
     uri = contents.get("$id", BASE_URI + path.name)
     return LoadedSchema(path.name, uri, contents, hashlib.sha256(raw).hexdigest())
@@ -184,6 +274,7 @@ _ONE: Final = (
 )
 _LIST: Final = ("allOf", "anyOf", "oneOf", "prefixItems")
 _MAP: Final = ("properties", "patternProperties", "$defs", "dependentSchemas")
+_DEFS_NAME: Final = re.compile(r"[^A-Za-z0-9_.-]")  # what a $defs key may hold, unescaped
 _CONDITIONS: Final = ("if", "not", "contains", "propertyNames")
 _COMPOSED: Final = ("allOf", "anyOf", "oneOf", "then", "else")
 # Not `not`: `{"not": {"type": "null"}}` still accepts any object, array or string.
@@ -241,6 +332,47 @@ def lint(
     for key in _MAP:
         for name, sub in schema.get(key, {}).items():
             yield from lint(sub, f"{pointer}/{key}/{_escape(name)}")
+
+
+def nonlinear_patterns(schema: Any, pointer: str = "") -> Iterator[tuple[str, str]]:
+    """Yield (JSON pointer, reason) for every pattern the linear-time engine refuses."""
+    if isinstance(schema, list):
+        for index, item in enumerate(schema):
+            yield from nonlinear_patterns(item, f"{pointer}/{index}")
+        return
+    if not isinstance(schema, dict):
+        return
+    for key, value in schema.items():
+        at = f"{pointer}/{_escape(key)}"
+        if key == "pattern" and isinstance(value, str):
+            patterns = [(at, value)]
+        elif key == "patternProperties" and isinstance(value, dict):
+            patterns = [(f"{at}/{_escape(name)}", name) for name in value]
+        else:
+            patterns = []
+        for where, pattern in patterns:
+            reason = pattern_refusal(pattern)
+            if reason:
+                yield where, reason
+        if key not in ("enum", "const", "examples", "default"):  # values, not subschemas
+            yield from nonlinear_patterns(value, at)
+
+
+def pattern_refusal(pattern: str) -> str | None:
+    """Why the linear-time engine refuses ``pattern`` (RE2's words when it has some), or None."""
+    try:
+        jsonschema_rs.Draft202012Validator({"pattern": pattern}, pattern_options=PATTERN_OPTIONS)
+    except (jsonschema_rs.ValidationError, ValueError):
+        try:
+            compile_linear(pattern)
+            why = "not valid for the Rust regex engine"
+        except LinearRegexError as exc:
+            why = str(exc)
+        return (
+            f"pattern {pattern!r} is not one the linear-time engine accepts: {why} "
+            "(no lookaround or backreferences)"
+        )
+    return None
 
 
 def _closes(schema: Mapping[str, Any]) -> bool:

@@ -1,4 +1,4 @@
-"""Strict JSON: RFC 8259 plus the rules of DESIGN.md "Strict JSON", each a named reason.
+"""Strict JSON: RFC 8259 plus the rules of docs/strict-json.md, each a named reason.
 
 Two parsers that must agree:
 
@@ -39,9 +39,7 @@ REASONS: Final[frozenset[str]] = frozenset(
     }
 )
 
-# Default size cap: 1 MiB is far more than any command output we validate.
-DEFAULT_MAX_BYTES: Final[int] = 1024 * 1024
-# Default nesting cap (DESIGN.md). Depth: scalar 0, [] 1, [[]] 2.
+# Default nesting cap (docs/command-files.md "max_depth"). Depth: scalar 0, [] 1, [[]] 2.
 DEFAULT_MAX_DEPTH: Final[int] = 32
 # Upper bound for any configured max_depth. The reference parser uses two Python
 # frames per level and stops at max_depth + 1, so it stays far below Python's

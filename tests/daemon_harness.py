@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -13,7 +12,6 @@ from typing import Any
 
 import orjson
 
-from sshadapter.audit import AuditLog
 from sshadapter.config import (
     Allow,
     AuditSection,
@@ -22,11 +20,9 @@ from sshadapter.config import (
     PathsSection,
     ServerSection,
 )
-from sshadapter.daemon import Daemon, bind_socket
+from sshadapter.daemon import Daemon, assemble, bind_socket
 from sshadapter.drift import PolicyMonitor
-from sshadapter.metrics import Metrics
-from sshadapter.quarantine import Quarantine
-from sshadapter.registry import load_registry
+from sshadapter.offload import Judge
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 from sshadapter.service import Service
@@ -57,7 +53,7 @@ class Running:
 
     async def ask(self, message: Mapping[str, Any] | bytes) -> Any:
         """One request on a fresh connection."""
-        reader, writer = await asyncio.open_unix_connection(str(self.path))
+        reader, writer = await asyncio.open_unix_connection(str(self.path), limit=32 << 20)
         try:
             line = message if isinstance(message, bytes) else orjson.dumps(message) + b"\n"
             writer.write(line)
@@ -97,21 +93,38 @@ def with_daemon(
     quarantine: bool = False,
     socket_mode: int = 0o600,
     socket_dir: Path | None = None,
+    audit_path: Path | None = None,
+    judge: Judge | None = None,
+    ssh: bool = False,
     dispatch_hosts: Collection[str] = (),
-    dispatch_clock: Callable[[], float] = time.monotonic,
+    dispatch_clock: Callable[[], float] | None = None,
     **server: Any,
 ) -> None:
-    """Start a daemon, run ``body`` against it, stop it (draining), all in one event loop."""
+    """Start a daemon, run ``body`` against it, stop it (draining), all in one event loop.
+
+    The daemon is ``daemon.assemble``'s, as `serve` builds it; ``runner`` replaces its
+    runner (default: the scripted job runner; ``ssh=True``: the production SSH runner).
+    ``dispatch_hosts`` are `dispatch = true`; ``dispatch_clock`` is their policy monitor's.
+    """
 
     commands = commands or shipped_commands(tmp_path)
 
     async def main() -> None:
         socket_path = (socket_dir or tmp_path) / "sshadapter.sock"
-        audit_path = tmp_path / "audit.jsonl"
+        audit_file = audit_path or tmp_path / "audit.jsonl"
         config = Config(
-            server=ServerSection(socket_path=socket_path, **server),
+            server=ServerSection(
+                socket_path=socket_path,
+                allow=allow or Allow(uids=(os.getuid(),)),
+                **{"evaluation_workers": 0, **server},  # in the loop unless a test asks
+            ),
             paths=PathsSection(commands=commands, schemas=schemas),
-            audit=AuditSection(path=audit_path, fsync="never"),
+            audit=AuditSection(
+                path=audit_file,
+                fsync="never",
+                quarantine_dir=tmp_path / "quarantine",
+                quarantine_max_bytes=1024 * 1024 if quarantine else 0,
+            ),
             hosts=dict(
                 hosts
                 or {
@@ -125,40 +138,21 @@ def with_daemon(
                 }
             ),
         )
-        registry = load_registry(
-            commands, schemas, hosts=config.hosts.keys(), dispatch_hosts=dispatch_hosts
-        )
-        audit = AuditLog(audit_path, fsync="never")
-        audit.open()
-        use_runner = runner or job_runner()
-        kept = None
-        if quarantine:
-            kept = Quarantine(tmp_path / "quarantine", 1024 * 1024)
-            kept.open()
-        metrics = Metrics()
-        monitor = None
-        if dispatch_hosts:  # as daemon.assemble wires it
-            monitor = PolicyMonitor(use_runner, metrics, clock=dispatch_clock)
-            monitor.expect(registry.policies)
-        service = Service(
-            registry,
-            use_runner,
-            audit,
-            quarantine=kept,
-            default_allow=allow or Allow(uids=(os.getuid(),)),
-            max_request_bytes=config.server.max_request_bytes,
-            max_concurrent_calls=config.server.max_concurrent_calls,
-            max_queue=config.server.max_queue,
-            clock=lambda: NOW,
-            metrics=metrics,
-            dispatch=monitor,
-        )
-        daemon = Daemon(config, service, use_runner, audit)
+        use = None if ssh else runner or job_runner()
+        daemon = assemble(config, runner=use, clock=lambda: NOW, judge=judge)
+        if dispatch_clock is not None:  # the monitor assemble made, with the test's clock
+            monitor = PolicyMonitor(daemon.runner, daemon.service.metrics, clock=dispatch_clock)
+            monitor.expect(daemon.service.registry.policies)
+            daemon.service.dispatch = monitor
         sock = bind_socket(socket_path, socket_mode, "")
         task = asyncio.create_task(daemon.serve(sock))
-        await asyncio.sleep(0)
+        ready = asyncio.create_task(daemon.ready.wait())
+        await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
+        if task.done():  # it failed to start: say why
+            ready.cancel()
+            task.result()
         try:
-            await body(Running(socket_path, daemon, service, audit_path))
+            await body(Running(socket_path, daemon, daemon.service, audit_file))
         finally:
             daemon.stop()
             await asyncio.wait_for(task, 30)

@@ -14,6 +14,8 @@ loop for what sshd cannot do on demand; the command string picks the behaviour:
     flood-stdout N       write N bytes of stdout in chunks, honouring flow control
     flood-stderr N       the same on stderr
     echo WORDS...        print WORDS and a newline, exit 0
+    sleep S WORDS...     wait S seconds, then echo WORDS
+    blob N               print a JSON object {"blob": "yyy..."} of exactly N bytes, exit 0
     exit N               exit with status N
 
 Neither needs pytest-asyncio: the servers live outside the test's event loop.
@@ -295,6 +297,7 @@ class FaultServer:
         self.port = 0
         self.user = "fault"
         self.flood_bytes_written = 0  # by the last flood, when the client cut it off
+        self.commands_seen: list[str] = []  # every exec request the server acted on
         host_key = asyncssh.generate_private_key("ssh-ed25519")
         client_key = asyncssh.generate_private_key("ssh-ed25519")
         self.client_key = workdir / "fault_client_key"
@@ -391,6 +394,7 @@ class FaultServer:
                 conn.abort()
 
     async def _handle(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
+        self.commands_seen.append(process.command or "")
         verb, *args = (process.command or "").split()
         status = 0
         try:
@@ -405,6 +409,11 @@ class FaultServer:
                 await self._flood(stream, int(args[0]))
             elif verb == "echo":
                 process.stdout.write(" ".join(args).encode() + b"\n")
+            elif verb == "sleep":
+                await asyncio.sleep(float(args[0]))
+                process.stdout.write(" ".join(args[1:]).encode() + b"\n")
+            elif verb == "blob":
+                await self._blob(process.stdout, int(args[0]))
             elif verb == "exit":
                 status = int(args[0])
             else:
@@ -414,6 +423,12 @@ class FaultServer:
             pass  # the client went away, which is the point of most of these cases
         with contextlib.suppress(OSError, asyncssh.Error):
             process.exit(status)
+
+    async def _blob(self, stream: asyncssh.SSHWriter[bytes], total: int) -> None:
+        """A JSON object ``{"blob": "yyy..."}`` of exactly ``total`` bytes (total >= 12)."""
+        stream.write(b'{"blob":"')
+        await self._flood(stream, total - 12)
+        stream.write(b'"}\n')
 
     async def _flood(self, stream: asyncssh.SSHWriter[bytes], total: int) -> None:
         chunk = b"y" * FLOOD_CHUNK_BYTES

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import pwd
 import stat
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
-from daemon_harness import JOB_COMMAND, Running, with_daemon
+from daemon_harness import JOB_COMMAND, JOB_OUT, Running, with_daemon
 
 from sshadapter.audit import GENESIS, AuditLog
 from sshadapter.audit_verify import verify
+from sshadapter.errors import AuditError, ConfigError
 from sshadapter.quarantine import Quarantine
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
@@ -88,7 +94,7 @@ def test_tampering_breaks_the_chain(tmp_path: Path, tamper: str) -> None:
 
 def test_intents_without_result_are_listed(tmp_path: Path) -> None:
     """A call that died with the daemon shows as an intent with no result."""
-    records = [
+    records: list[dict[str, object]] = [
         *sample(2),
         {
             "type": "intent",
@@ -181,6 +187,25 @@ def test_rejected_output_is_quarantined_and_named_in_the_result(tmp_path: Path) 
     with_daemon(tmp_path, body, runner=runner, quarantine=True)
 
 
+def test_a_failure_declared_by_stderr_is_quarantined_like_a_rejection(tmp_path: Path) -> None:
+    """findmnt's usage error (exit 1, a message) is INVALID_RESPONSE; its stderr is quarantined."""
+    usage = b"findmnt: invalid option -- 'J'\n"
+    command = "findmnt -J -o TARGET,SOURCE,FSTYPE,OPTIONS /"
+    runner = ScriptedRunner({command: RunResult(b"", usage, 1)})
+    call = {"op": "call", "tool": "mount_info", "args": {"target": "/"}}
+
+    async def body(d: Running) -> None:
+        assert (await d.ask(call))["error"] == {"code": "INVALID_RESPONSE", "retryable": False}
+        result = [r for r in d.audit_records() if r["type"] == "result"][-1]
+        assert (result["stage"], result["reason"]) == ("exit", "declared_exit_status")
+        assert result["detail"] == "exit status 1, stderr not empty = INVALID_RESPONSE"
+        names = result["attempts"][0]["quarantine"]
+        directory = d.service.quarantine.directory  # type: ignore[union-attr]
+        assert (directory / names["stderr"]).read_bytes() == usage
+
+    with_daemon(tmp_path, body, runner=runner, quarantine=True)
+
+
 def test_result_that_cannot_be_written_is_internal_not_retryable(tmp_path: Path) -> None:
     """The command ran but its result record failed: the caller gets INTERNAL, retryable false."""
     holder: dict[str, Running] = {}
@@ -226,3 +251,197 @@ def test_no_key_path_in_audit_quarantine_or_logs(
         evidence += path.read_bytes()
     assert b"SECRET-ci-key" not in evidence
     assert b"no_credentials" in evidence
+
+
+# --- hostile files and a full disk (issue 9) -------------------------------------------------
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs (root only: it is mounted for the test, then unmounted)."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("the full-disk tests need root to mount a tmpfs, and CI runs as root")
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(mount)], check=True
+    )
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Fill the filesystem of ``directory`` to the last byte; return the filler file."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (4096, 1):  # pages, then the last bytes one at a time
+            with contextlib.suppress(OSError):
+                while os.write(fd, b"\0" * size):
+                    pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_full_disk_leaves_the_log_at_a_record_boundary(tiny_disk: Path) -> None:
+    """Writes fail while the disk is full; once space returns, every line is a whole record."""
+    path = tiny_disk / "audit.jsonl"
+
+    async def main() -> list[str]:
+        log = AuditLog(path, fsync="always")
+        log.open()
+        await log.append({"type": "start"})
+        filler = fill(tiny_disk)
+        errors = []
+        # What is left of the file's last page fills first; then writes are cut short
+        # (a partial record) or refused whole.
+        for i in range(12):
+            try:
+                await log.append({"type": "note", "n": i, "pad": "x" * 900})
+            except AuditError as exc:
+                errors.append(exc.reason)
+        filler.unlink()
+        await log.append({"type": "intent", "request_id": "req.after000", "tool": "t"})
+        await log.append({"type": "result", "request_id": "req.after000", "attempts": [{}]})
+        log.close()
+        return errors
+
+    errors = asyncio.run(main())
+    assert len(errors) >= 8 and set(errors) == {"result_not_written"}
+    lines = path.read_bytes().splitlines()
+    kinds = [orjson.loads(line)["type"] for line in lines]  # every line parses
+    assert kinds == ["start", *["note"] * (12 - len(errors)), "intent", "result"]
+    report = verify([path])
+    assert report.ok and not report.torn and not report.open_intents, report.summary()
+
+
+def test_full_audit_disk_fails_calls_closed_and_recovers(tiny_disk: Path, tmp_path: Path) -> None:
+    """A daemon whose audit disk fills: INTERNAL and nothing runs; after space returns, a call
+    succeeds and `audit verify` finds every call with its intent."""
+    audit = tiny_disk / "audit.jsonl"
+    runner = ScriptedRunner({JOB_COMMAND: RunResult(orjson.dumps(JOB_OUT), b"", 0)})
+
+    succeeded = 0
+
+    async def body(d: Running) -> None:
+        nonlocal succeeded
+        filler = fill(tiny_disk)
+        answers = [await d.ask(CALL) for _ in range(12)]  # the file's last page fills, then none
+        succeeded = sum(a["outcome"] == "success" for a in answers)
+        assert succeeded <= 8
+        for answer in answers[succeeded:]:
+            assert answer["error"] == {"code": "INTERNAL", "retryable": False}
+        assert len(runner.calls) <= succeeded + 1  # an unwritten intent runs no command
+        filler.unlink()
+        assert (await d.ask(CALL))["outcome"] == "success"
+
+    with_daemon(tmp_path, body, runner=runner, audit_path=audit)
+    report = verify([audit])
+    assert report.ok and not report.torn, report.summary()
+    assert report.kinds["intent"] == len(runner.calls)  # every command ran after its intent
+    # A call whose result record could not be written is an intent without a result.
+    assert len(report.open_intents) == len(runner.calls) - succeeded - 1
+
+
+def test_a_deleted_audit_file_is_replaced_before_the_next_record(tmp_path: Path) -> None:
+    """Deleting the file (no SIGHUP): the next record goes to a new file, the chain goes on."""
+    path = tmp_path / "audit.jsonl"
+
+    async def main() -> None:
+        log = AuditLog(path, fsync="always")
+        log.open()
+        await log.append({"type": "start"})
+        path.unlink()
+        await log.append({"type": "intent", "request_id": "req.00000001"})
+        log.close()
+
+    asyncio.run(main())
+    (line,) = path.read_bytes().splitlines()
+    assert orjson.loads(line)["request_id"] == "req.00000001"
+    assert orjson.loads(line)["prev"] != GENESIS  # chained to the record in the deleted file
+
+
+def test_audit_file_is_created_0600(tmp_path: Path) -> None:
+    """The daemon's audit file is its own: created with no group or other access."""
+    log = AuditLog(tmp_path / "audit.jsonl")
+    log.open()
+    log.close()
+    assert stat.S_IMODE((tmp_path / "audit.jsonl").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o666])
+def test_audit_file_open_to_others_is_refused(tmp_path: Path, mode: int) -> None:
+    """An existing audit file with group or other access: ConfigError naming path and fix."""
+    path = tmp_path / "audit.jsonl"
+    path.write_bytes(b"")
+    path.chmod(mode)
+    with pytest.raises(ConfigError) as refused:
+        AuditLog(path).open()
+    assert refused.value.file == str(path) and refused.value.key == "audit.path"
+    assert f"mode {mode:04o}" in refused.value.reason and "chmod 600" in refused.value.reason
+
+
+def other_account() -> int:
+    if os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("files of another account need root to make, and CI runs as root")
+        pytest.skip("making a file owned by another account needs root")
+    return pwd.getpwnam("nobody").pw_uid
+
+
+def test_audit_file_of_another_account_is_refused(tmp_path: Path) -> None:
+    """An audit file created beforehand (0600) by another uid: refused, the owner named."""
+    nobody = other_account()
+    path = tmp_path / "audit.jsonl"
+    path.write_bytes(b"")
+    path.chmod(0o600)
+    os.chown(path, nobody, -1)
+    with pytest.raises(ConfigError) as refused:
+        AuditLog(path).open()
+    assert f"owned by nobody (uid {nobody})" in refused.value.reason
+
+
+def test_quarantine_directory_of_another_account_is_refused(tmp_path: Path) -> None:
+    """A quarantine directory created 0700 by another uid: refused, though its mode looks right."""
+    nobody = other_account()
+    directory = tmp_path / "quarantine"
+    directory.mkdir(mode=0o700)
+    os.chown(directory, nobody, -1)
+    with pytest.raises(ConfigError) as refused:
+        Quarantine(directory, 1024).open()
+    assert refused.value.key == "audit.quarantine_dir"
+    assert f"owned by nobody (uid {nobody})" in refused.value.reason
+
+
+def test_quarantine_directory_open_to_the_group_is_refused(tmp_path: Path) -> None:
+    """A 0750 quarantine directory of our own: refused with the chmod that fixes it."""
+    directory = tmp_path / "quarantine"
+    directory.mkdir(mode=0o750)
+    directory.chmod(0o750)
+    with pytest.raises(ConfigError) as refused:
+        Quarantine(directory, 1024).open()
+    assert "chmod 700" in refused.value.reason
+
+
+@pytest.mark.parametrize("what", ["audit", "quarantine"])
+def test_symlinked_paths_are_refused(tmp_path: Path, what: str) -> None:
+    """An audit file or quarantine directory that is a symlink: refused, naming the path."""
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    if what == "audit":
+        (target / "audit.jsonl").write_bytes(b"")
+        (target / "audit.jsonl").chmod(0o600)
+        link.symlink_to(target / "audit.jsonl")
+        with pytest.raises(ConfigError) as refused:
+            AuditLog(link).open()
+    else:
+        link.symlink_to(target)
+        with pytest.raises(ConfigError) as refused:
+            Quarantine(link, 1024).open()
+    assert refused.value.file == str(link) and "symlink" in refused.value.reason

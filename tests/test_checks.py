@@ -23,7 +23,7 @@ GOOD = {
     "state": "failed",
     "observed_at": "2026-11-30T04:10:00Z",
 }
-ARGS = {"project_id": "bluebird"}
+ARGS: dict[str, object] = {"project_id": "bluebird"}
 
 
 def reason(value: dict[str, object], args: dict[str, object] = ARGS) -> str:

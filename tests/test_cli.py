@@ -23,7 +23,7 @@ CLI_TIMEOUT_SECONDS = 60  # `check` over the examples takes well under a second
 
 NEAR_MISS_KINDS = {"banner", "trailing", "array_around", "error_beside_data"}
 NEAR_MISS_PREFIXES = ("duplicate:", "null:", "extra_property:", "long_string:")
-ROW_KEYS = {"tool", "case", "kind", "expected", "got", "ok", "rejection"}
+ROW_KEYS = {"tool", "case", "kind", "expected", "got", "ok", "rejection", "why"}
 
 
 def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
@@ -62,7 +62,31 @@ def test_check_passes_on_the_examples() -> None:
     assert lines[0].split() == ["tool", "case", "kind", "expected", "got"]
     assert lines[-1].endswith(", 0 missed")
     assert not any(line.endswith("MISS") for line in lines)
-    assert done.stderr == ""
+    # Without --config, said once: host aliases were not checked.
+    assert done.stderr.splitlines() == [
+        "sshadapter: note: no configuration file, so host aliases were not checked "
+        "(give --config to check them)"
+    ]
+
+
+@pytest.mark.parametrize(("length", "warned"), [(47, False), (48, True)])
+def test_check_warns_about_a_tool_name_too_long_for_mcp_hosts(
+    examples: Path, length: int, warned: bool
+) -> None:
+    """A name over 47 characters (mcp__sshadapter__ + 47 = 64) is one warning; exit stays 0."""
+    name = "load_average_" + "x" * (length - len("load_average_"))
+    commands = examples / "commands"
+    (commands / "load_average.toml").rename(commands / f"{name}.toml")
+    (commands / "load_average.fixtures").rename(commands / f"{name}.fixtures")
+    done = run_cli("check", cwd=examples)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stderr.splitlines() if "warning" in line]
+    if warned:
+        assert len(lines) == 1
+        assert lines[0].startswith(f"sshadapter: warning: {commands / name}.toml: ")
+        assert "48 characters" in lines[0] and "mcp__sshadapter__" in lines[0]
+    else:
+        assert lines == []
 
 
 def test_check_json_lists_fixtures_and_near_misses() -> None:
@@ -142,6 +166,30 @@ def test_bad_schema_file_is_one_line_naming_file_and_pointer(examples: Path) -> 
     assert lines[0].startswith(f"sshadapter: {path}: /properties/reviewed_by: string has no bound")
 
 
+@pytest.mark.parametrize(
+    ("args", "key", "phrase"),
+    [
+        ({"path": "../etc"}, "args.path", "does not match"),
+        ({"path": "/", "extra": "x"}, "args", "'extra' was unexpected"),
+        ({}, "args", '"path" is a required property'),
+    ],
+    ids=["pattern", "extra", "missing"],
+)
+def test_fixture_with_arguments_an_agent_cannot_send_is_refused(
+    examples: Path, args: dict[str, Any], key: str, phrase: str
+) -> None:
+    """A fixture whose args fail the parameter schema: exit 2, one line naming file, key, reason."""
+    case = examples / "commands" / "disk_usage.fixtures" / "root.case.json"
+    edit_json(case, lambda v: v.update(args=args))
+    done = run_cli("check", cwd=examples)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"sshadapter: {case}: {key}: fails the parameter schema: ")
+    assert phrase in lines[0]
+
+
 def test_config_hosts_are_checked(tmp_path: Path) -> None:
     """With --config, a command whose host alias is not configured is refused by name."""
     config = tmp_path / "config.toml"
@@ -213,3 +261,89 @@ def test_no_subcommand_exits_2() -> None:
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr.startswith("usage: sshadapter")
+
+
+def serve_config(tmp_path: Path, **paths: Path) -> Path:
+    """A config for `serve` whose audit, quarantine and socket paths a test chooses."""
+    audit = paths.get("audit", tmp_path / "log" / "audit.jsonl")
+    quarantine = paths.get("quarantine", tmp_path / "quarantine")
+    sock = paths.get("socket", tmp_path / "run" / "sshadapter.sock")
+    config = tmp_path / "config.toml"
+    config.write_text(f"""\
+[server]
+socket_path = "{sock}"
+evaluation_workers = 0
+[paths]
+commands = "{REPO / "commands"}"
+schemas = "{REPO / "schemas"}"
+[audit]
+path = "{audit}"
+quarantine_dir = "{quarantine}"
+[hosts.ci]
+address = "127.0.0.1"
+user = "nobody"
+known_hosts = "{tmp_path / "known_hosts"}"
+[hosts.local]
+address = "127.0.0.1"
+user = "nobody"
+known_hosts = "{tmp_path / "known_hosts"}"
+""")
+    return config
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "audit_symlink",
+        "quarantine_file",
+        "socket_dir_symlink",
+        "audit_dir_uncreatable",
+        "audit_mode",
+    ],
+)
+def test_serve_start_up_errors_are_one_line_and_exit_2(tmp_path: Path, case: str) -> None:
+    """A path `serve` cannot use: one line naming the path and the reason, exit 2, no traceback."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if case == "audit_symlink":
+        (tmp_path / "log").mkdir()
+        (tmp_path / "log" / "audit.jsonl").symlink_to(elsewhere / "audit.jsonl")
+        config, named = serve_config(tmp_path), tmp_path / "log" / "audit.jsonl"
+    elif case == "quarantine_file":
+        (tmp_path / "quarantine").write_text("not a directory")
+        config, named = serve_config(tmp_path), tmp_path / "quarantine"
+    elif case == "socket_dir_symlink":
+        (tmp_path / "run").symlink_to(elsewhere)
+        config, named = serve_config(tmp_path), tmp_path / "run"
+    elif case == "audit_dir_uncreatable":
+        (tmp_path / "file").write_text("")
+        named = tmp_path / "file" / "log"
+        config = serve_config(tmp_path, audit=named / "audit.jsonl")
+    else:
+        (tmp_path / "log").mkdir()
+        (tmp_path / "log" / "audit.jsonl").write_text("")
+        (tmp_path / "log" / "audit.jsonl").chmod(0o644)
+        config, named = serve_config(tmp_path), tmp_path / "log" / "audit.jsonl"
+    done = run_cli("serve", "--config", str(config))
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("sshadapter: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"sshadapter: {named}: "), done.stderr
+
+
+def test_a_schema_miss_shows_the_detail_and_both_paths(examples: Path) -> None:
+    """A fixture rejected at the schema stage: the table and --json give the validator's reason
+    and the schema and instance paths, not only `schema_mismatch`."""
+    out = examples / "commands" / "job_run_status.fixtures" / "failed_recent.stdout"
+    edit_json(out, lambda v: v.update(run_id=7))
+    done = run_cli("check", cwd=examples)
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    miss = next(i for i, line in enumerate(lines) if "failed_recent" in line and "MISS" in line)
+    assert lines[miss + 1].startswith("    why: schema/schema_mismatch at /run_id (schema /")
+    assert "is not of type" in lines[miss + 1]
+    rows = json.loads(run_cli("check", "--json", cwd=examples).stdout)
+    (row,) = [r for r in rows if r["case"] == "failed_recent" and r["kind"] == "fixture"]
+    assert row["rejection"]["instance_path"] == "/run_id"
+    assert row["rejection"]["schema_path"].startswith("/properties/run_id")
+    assert "is not of type" in row["rejection"]["detail"] and row["why"].startswith("schema/")

@@ -1,4 +1,4 @@
-"""The command loader: every rule of DESIGN.md "Operator contract", one test each.
+"""The command loader: every rule of docs/command-files.md, one test each.
 
 Each test builds a small commands/ and schemas/ pair in tmp_path from one
 minimal valid operation and changes exactly one thing in it.
@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sshadapter.argv import MAX_COMMAND_BYTES
 from sshadapter.errors import ConfigError, RequestError
 from sshadapter.registry import Operation, Registry, load_registry
 from sshadapter.schemas import DRAFT_2020_12
@@ -144,8 +145,27 @@ def test_minimal_operation_loads(tmp_path: Path) -> None:
     op = registry.get("item_status")
     assert op is not None
     assert op.command({"item_id": "abc"}) == "item-cli status abc"
-    assert op.exit_meaning(4) == "NOT_FOUND"
+    assert op.exit_meaning(4) == ("NOT_FOUND", "")
     assert op.exit_meaning(3) is None
+
+
+def test_read_only_is_false_unless_the_operator_says_so(tmp_path: Path) -> None:
+    """`read_only` defaults to false, is taken as written, and must be a boolean."""
+    for sub in "abc":
+        (tmp_path / sub).mkdir()
+    assert load(tmp_path / "a").operations["item_status"].spec.read_only is False
+    said = load(tmp_path / "b", replaced('host = "ci"', 'host = "ci"\nread_only = true'))
+    assert said.operations["item_status"].spec.read_only is True
+    exc = refused(tmp_path / "c", replaced('host = "ci"', 'host = "ci"\nread_only = "maybe"'))
+    assert exc.key == "read_only"
+
+
+def test_every_shipped_operation_is_marked_read_only() -> None:
+    """The examples only read: each says so, so MCP hosts may run them without asking."""
+    root = Path(__file__).resolve().parents[1]
+    shipped = load_registry(root / "commands", root / "schemas", hosts=None)
+    assert shipped.operations
+    assert all(op.spec.read_only for op in shipped.operations.values())
 
 
 # --- unknown keys -------------------------------------------------------------------------------
@@ -220,6 +240,141 @@ def test_exit_codes_without_success_are_refused(tmp_path: Path) -> None:
     assert_names(exc, tmp_path, "output.exit_codes", "no status means success")
 
 
+# An exit status whose meaning depends on stderr (findmnt's 1: silent when nothing is
+# mounted there, a usage message when it lacks an option).
+BY_EMPTY = '4 = { if_stderr = "empty", then = "NOT_FOUND", otherwise = "INVALID_RESPONSE" }'
+BY_PATTERN = (
+    "4 = { if_stderr_matches = '^item-cli: [a-z]+: no such item$', "
+    'then = "NOT_FOUND", otherwise = "UPSTREAM_UNAVAILABLE" }'
+)
+
+
+def by_stderr(tmp_path: Path, entry: str) -> Operation:
+    op = load(tmp_path, replaced('4 = "NOT_FOUND"', entry)).get("item_status")
+    assert op is not None
+    return op
+
+
+def test_exit_status_by_empty_stderr(tmp_path: Path) -> None:
+    """`if_stderr = "empty"`: `then` only for no stderr byte at all, `otherwise` for any."""
+    op = by_stderr(tmp_path, BY_EMPTY)
+    assert op.exit_meaning(4, b"") == ("NOT_FOUND", "stderr empty")
+    assert op.exit_meaning(4, b"\n") == ("INVALID_RESPONSE", "stderr not empty")
+    assert op.exit_meaning(4, b"item-cli: invalid option -- 'J'\n") == (
+        "INVALID_RESPONSE",
+        "stderr not empty",
+    )
+    assert op.exit_meaning(0, b"warning\n") == ("success", "")  # success is the status's alone
+    assert op.exit_meaning(3, b"") is None
+
+
+@pytest.mark.parametrize(
+    ("stderr", "meaning"),
+    [
+        (b"item-cli: abc: no such item\n", "NOT_FOUND"),
+        (b"item-cli: abc: no such item", "NOT_FOUND"),  # the final newline is optional
+        (b"", "UPSTREAM_UNAVAILABLE"),
+        (b"item-cli: abc: no such item\n\n", "UPSTREAM_UNAVAILABLE"),  # only one newline
+        (b"item-cli: abc: no such item\nitem-cli: abc: no such item\n", "UPSTREAM_UNAVAILABLE"),
+        (b"warning: x\nitem-cli: abc: no such item\n", "UPSTREAM_UNAVAILABLE"),  # whole stderr
+        (b"item-cli: abc: no such item (cached)\n", "UPSTREAM_UNAVAILABLE"),
+        (b"item-cli: ab\xff: no such item\n", "UPSTREAM_UNAVAILABLE"),  # not UTF-8
+        (b"item-cli: abc: permission denied\n", "UPSTREAM_UNAVAILABLE"),
+    ],
+)
+def test_exit_status_by_stderr_pattern(tmp_path: Path, stderr: bytes, meaning: str) -> None:
+    """`if_stderr_matches`: the pattern must match all of stderr, less one final newline."""
+    found = by_stderr(tmp_path, BY_PATTERN).exit_meaning(4, stderr)
+    assert found is not None and found.meaning == meaning
+
+
+def error_codes(op: Operation) -> list[str]:
+    codes: list[str] = op.envelope_schema["oneOf"][1]["properties"]["error"]["properties"]["code"][
+        "enum"
+    ]
+    return codes
+
+
+def test_not_found_in_a_stderr_case_is_published(tmp_path: Path) -> None:
+    """NOT_FOUND named only by a stderr case is among the envelope's codes, and only then."""
+    assert "NOT_FOUND" in error_codes(by_stderr(tmp_path, BY_EMPTY))
+    (other := tmp_path / "other").mkdir()
+    without = BY_EMPTY.replace('"NOT_FOUND"', '"UPSTREAM_UNAVAILABLE"')
+    assert "NOT_FOUND" not in error_codes(by_stderr(other, without))
+
+
+@pytest.mark.parametrize(
+    ("entry", "key", "phrase"),
+    [
+        (
+            '4 = { if_stderr = "empty", then = "success", otherwise = "NOT_FOUND" }',
+            "output.exit_codes.4.then",
+            "stderr only chooses between failures",
+        ),
+        (
+            '4 = { if_stderr = "empty", then = "NOT_FOUND", otherwise = "BROKEN" }',
+            "output.exit_codes.4.otherwise",
+            "'BROKEN' is not one of NOT_FOUND, UPSTREAM_UNAVAILABLE, INVALID_RESPONSE",
+        ),
+        (
+            '4 = { if_stderr = "empty", then = "NOT_FOUND", otherwise = "NOT_FOUND" }',
+            "output.exit_codes.4.otherwise",
+            "same as `then`",
+        ),
+        (
+            '4 = { then = "NOT_FOUND", otherwise = "INVALID_RESPONSE" }',
+            "output.exit_codes.4.if_stderr",
+            "exactly one of if_stderr, if_stderr_matches",
+        ),
+        (
+            '4 = { if_stderr = "empty", if_stderr_matches = \'^x$\', then = "NOT_FOUND", '
+            'otherwise = "INVALID_RESPONSE" }',
+            "output.exit_codes.4.if_stderr",
+            "exactly one of if_stderr, if_stderr_matches",
+        ),
+        (
+            '4 = { if_stderr = "blank", then = "NOT_FOUND", otherwise = "INVALID_RESPONSE" }',
+            "output.exit_codes.4.if_stderr",
+            "'empty'",
+        ),
+        (
+            '4 = { if_stderr = "empty", then = "NOT_FOUND" }',
+            "output.exit_codes.4.otherwise",
+            "required key is missing",
+        ),
+        (
+            '4 = { if_stderr = "empty", then = "NOT_FOUND", otherwise = "INVALID_RESPONSE", '
+            'else = "UPSTREAM_UNAVAILABLE" }',
+            "output.exit_codes.4.else",
+            "unknown key",
+        ),
+        (
+            "4 = { if_stderr_matches = '^(x$', then = \"NOT_FOUND\", "
+            'otherwise = "INVALID_RESPONSE" }',
+            "output.exit_codes.4.if_stderr_matches",
+            "not a valid regular expression",
+        ),
+        ("4 = 5", "output.exit_codes.4", "valid string"),
+    ],
+    ids=[
+        "success",
+        "unknown-meaning",
+        "same-twice",
+        "no-test",
+        "two-tests",
+        "unknown-test",
+        "no-otherwise",
+        "unknown-key",
+        "bad-pattern",
+        "not-a-meaning",
+    ],
+)
+def test_bad_stderr_case_is_refused(tmp_path: Path, entry: str, key: str, phrase: str) -> None:
+    """A stderr case names every case and nothing else; each mistake names its key."""
+    exc = refused(tmp_path, replaced('4 = "NOT_FOUND"', entry))
+    assert_names(exc, tmp_path, key, phrase)
+
+
 def test_retry_after_run_needs_idempotent(tmp_path: Path) -> None:
     """Retrying on a result (attempts > 1 with `on`) needs idempotent = true."""
     retry = '\n[retry]\nattempts = 2\non = ["UPSTREAM_UNAVAILABLE"]\n'
@@ -286,6 +441,51 @@ def test_types_for_a_field_the_pattern_lacks_is_refused(tmp_path: Path) -> None:
     text = replaced('format = "json"', REGEX + '\ntypes = { count = "integer" }')
     exc = refused(tmp_path, text)
     assert_names(exc, tmp_path, "output.types.count", "no such field in the extractor")
+
+
+KV = 'format = "kv"\nseparator = "="\nkeys = ["item_id", "state"]'
+
+
+def test_kv_optional_keys_load(tmp_path: Path) -> None:
+    """A kv key that may be absent is declared in `optional_keys`, and may be typed."""
+    text = replaced(
+        'format = "json"', KV + '\noptional_keys = ["note"]\ntypes = { note = "string" }'
+    )
+    op = load(tmp_path, text).get("item_status")
+    assert op is not None
+    assert op.parser.parse(b"state=up\nitem_id=abc\n") == {"item_id": "abc", "state": "up"}
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "phrase"),
+    [
+        (
+            ('format = "json"', 'format = "json"\noptional_keys = ["note"]'),
+            "output.optional_keys",
+            "does not apply to format 'json'",
+        ),
+        (
+            ('format = "json"', KV + '\noptional_keys = ["state"]'),
+            "output.optional_keys",
+            "'state' is also in `keys`",
+        ),
+        (
+            (
+                'format = "json"',
+                'format = "kv"\nseparator = "="\nkeys = ["item_id"]\noptional_keys = ["state"]',
+            ),
+            "output.optional_keys",
+            "'state' may be absent but item.v1.json requires it",
+        ),
+    ],
+    ids=["other-format", "also-required", "schema-requires-it"],
+)
+def test_bad_optional_keys_are_refused(
+    tmp_path: Path, change: tuple[str, str], key: str, phrase: str
+) -> None:
+    """An optional key belongs to kv, is not also a key, and is not required by the schema."""
+    exc = refused(tmp_path, replaced(*change))
+    assert_names(exc, tmp_path, key, phrase)
 
 
 # --- fields, checks, host -----------------------------------------------------------------------
@@ -441,12 +641,33 @@ def test_hostile_argument_is_one_inert_word(template: Operation, hostile: str) -
     assert shlex.split(template.command(a)) == filled(a)
 
 
-@given(st.text(max_size=200))
+@given(
+    st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"), max_size=200)
+)
 def test_any_text_round_trips_through_the_shell_quoting(template: Operation, text: str) -> None:
-    """For any text the permissive pattern admits, shlex.split gives back the filled argv."""
+    """For any text the permissive pattern admits but NUL, shlex.split gives back the argv."""
     a = args(text=text)
     template.check_args(a)
     assert shlex.split(template.command(a)) == filled(a)
+
+
+@given(st.text(max_size=20), st.text(max_size=20))
+def test_a_nul_byte_is_refused_whatever_the_pattern(template: Operation, a: str, b: str) -> None:
+    """NUL passes the permissive pattern but never reaches a command: unsendable_argument."""
+    call = args(text=f"{a}\x00{b}")
+    template.check_args(call)
+    with pytest.raises(RequestError) as refused:
+        template.command(call)
+    assert refused.value.reason == "unsendable_argument"
+    assert "text" in refused.value.detail
+
+
+def test_a_command_over_the_limit_is_refused(template: Operation) -> None:
+    """An argument that makes the command longer than MAX_COMMAND_BYTES: command_too_long."""
+    call = args(text="é" * (MAX_COMMAND_BYTES // 2))
+    with pytest.raises(RequestError) as refused:
+        template.command(call)
+    assert refused.value.reason == "command_too_long"
 
 
 def test_integral_float_is_written_as_an_integer(template: Operation) -> None:
@@ -531,3 +752,63 @@ def test_unknown_parameter_keyword_is_refused(tmp_path: Path) -> None:
     typo = "pattern = '^[a-z]{1,8}$'\nmaxLenght = 8"
     exc = refused(tmp_path, replaced("pattern = '^[a-z]{1,8}$'", typo))
     assert_names(exc, tmp_path, "params.item_id.maxLenght", "unknown parameter keyword")
+
+
+# --- strict types: TOML has real ones (issue 10) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ('host = "ci"', 'host = "ci"\nidempotent = "yes"', "idempotent"),
+        ("version = 1", 'version = "1"', "version"),
+        ('host = "ci"', 'host = "ci"\ntimeout_seconds = "5"', "timeout_seconds"),
+        (
+            'schema = "item.v1.json"',
+            'schema = "item.v1.json"\nmax_bytes = 256.0',
+            "output.max_bytes",
+        ),
+        ('fields = ["item_id", "state"]', 'fields = "item_id"', "agent.fields"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_a_load_error(
+    tmp_path: Path, old: str, new: str, key: str
+) -> None:
+    """No coercion: "yes" is not true, "1" not 1, 256.0 not 256; the file and key are named."""
+    exc = refused(tmp_path, replaced(old, new))
+    assert_names(exc, tmp_path, key, "Input should be a valid")
+
+
+def test_an_extractor_field_the_schema_does_not_declare_is_a_load_error(tmp_path: Path) -> None:
+    """A named group the schema has no property for would fail every output: refused at load."""
+    text = replaced(
+        'format = "json"',
+        "format = \"regex\"\npattern = '^(?P<item_id>[a-z]+) (?P<status>up|down)$'",
+    )
+    exc = refused(tmp_path, text)
+    assert_names(exc, tmp_path, "output.pattern", "field 'status' is not a property")
+
+
+def test_a_kv_key_the_schema_does_not_declare_is_a_load_error(tmp_path: Path) -> None:
+    """The same for a kv key: the loader names output.keys."""
+    text = replaced(
+        'format = "json"', 'format = "kv"\nseparator = "="\nkeys = ["item_id", "State"]'
+    )
+    exc = refused(tmp_path, text)
+    assert_names(exc, tmp_path, "output.keys", "field 'State' is not a property")
+
+
+def test_shape_one_with_more_than_one_row_is_a_load_error(tmp_path: Path) -> None:
+    """shape = "one" reads exactly one row: a max_rows above 1 would read rows and ignore them."""
+    text = replaced('format = "json"', LINES + "\nmax_rows = 3")
+    exc = refused(tmp_path, text)
+    assert_names(exc, tmp_path, "output.max_rows", "shape 'one' is exactly one row")
+
+
+def test_retrying_bad_evidence_is_a_load_error(tmp_path: Path) -> None:
+    """retry.on may name UPSTREAM_UNAVAILABLE only: INVALID_RESPONSE is never retried."""
+    text = COMMAND.replace('host = "ci"', 'host = "ci"\nidempotent = true') + (
+        '\n[retry]\nattempts = 2\non = ["INVALID_RESPONSE"]\n'
+    )
+    exc = refused(tmp_path, text)
+    assert exc.key.startswith("retry.on")

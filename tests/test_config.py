@@ -82,3 +82,31 @@ def test_bad_toml_is_one_clear_error(tmp_path: Path) -> None:
     path.write_text("[server\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('[server]\nmax_concurrent_calls = "8"\n', "server.max_concurrent_calls"),
+        ('[server]\nidle_timeout_seconds = "60"\n', "server.idle_timeout_seconds"),
+        ("[audit]\nquarantine_max_bytes = 1024.0\n", "audit.quarantine_max_bytes"),
+    ],
+)
+def test_a_file_value_of_the_wrong_type_is_an_error(tmp_path: Path, text: str, key: str) -> None:
+    """The file is read strictly: a quoted number is no number; the file and key are named."""
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert (info.value.file, info.value.key) == (str(path), key)
+
+
+def test_environment_overrides_are_text_and_still_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SSHADAPTER_SERVER__MAX_CONCURRENT_CALLS=8 overrides the file: environment values are text."""
+    path = tmp_path / "c.toml"
+    path.write_text("[server]\nmax_concurrent_calls = 4\n")
+    monkeypatch.setenv("SSHADAPTER_SERVER__MAX_CONCURRENT_CALLS", "8")
+    config, _ = load_config(path)
+    assert config.server.max_concurrent_calls == 8

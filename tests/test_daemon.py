@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 from pathlib import Path
@@ -129,7 +130,8 @@ def test_denied_uid_gets_denied_and_list_hides_the_tools(tmp_path: Path) -> None
     async def body(d: Running) -> None:
         response = await d.ask(CALL)
         assert (response["tool"], code(response)) == ("job_run_status", "DENIED")
-        assert (await d.ask({"op": "list"})) == {"tools": []}
+        listed = await d.ask({"op": "list"})
+        assert listed == {"tools": [], "digest": d.service.registry.digest}
 
     with_daemon(tmp_path, body, allow=Allow(uids=(os.getuid() + 4242,)), commands=ROOT / "commands")
 
@@ -142,7 +144,16 @@ def test_list_shows_schemas_of_allowed_tools(tmp_path: Path) -> None:
         # the `ci` tools allow only the group "agents"; the local ones use the default allow
         assert "disk_usage" in tools and "job_run_status" not in tools
         tool = tools["disk_usage"]
-        assert set(tool) == {"name", "description", "version", "input_schema", "output_schema"}
+        assert set(tool) == {
+            "name",
+            "description",
+            "version",
+            "read_only",
+            "idempotent",
+            "input_schema",
+            "output_schema",
+        }
+        assert (tool["read_only"], tool["idempotent"]) == (True, True)
         assert tool["output_schema"]["type"] == "object" and "oneOf" in tool["output_schema"]
 
     with_daemon(tmp_path, body, allow=Allow(uids=(os.getuid(),)), commands=ROOT / "commands")
@@ -154,7 +165,7 @@ def test_many_connections_at_once_then_a_normal_call(tmp_path: Path) -> None:
     async def body(d: Running) -> None:
         async def one() -> str:
             try:
-                return (await d.ask({"op": "list"})).get("error", {}).get("code", "ok")
+                return str((await d.ask({"op": "list"})).get("error", {}).get("code", "ok"))
             except (ConnectionError, OSError, ValueError):
                 return "dropped"
 
@@ -264,6 +275,47 @@ def test_reload_keeps_the_old_set_when_a_file_is_bad(tmp_path: Path) -> None:
         assert set(d.service.registry.operations) == {"job_run_status"}
 
     with_daemon(tmp_path, body, commands=commands)
+
+
+def test_list_digest_changes_with_a_reload_that_changes_something(tmp_path: Path) -> None:
+    """The digest in `list` stays over an idempotent reload and moves when a file changes."""
+    commands = shipped_commands(tmp_path)
+
+    async def body(d: Running) -> None:
+        first = (await d.ask({"op": "list"}))["digest"]
+        assert first.startswith("sha256:") and len(first) == 71
+        d.daemon.reload()
+        assert (await d.ask({"op": "list"}))["digest"] == first
+        edited = commands / "load_average.toml"
+        edited.write_text(edited.read_text().replace("version = 1", "version = 2"))
+        d.daemon.reload()
+        assert (await d.ask({"op": "list"}))["digest"] != first
+
+    with_daemon(tmp_path, body, commands=commands)
+
+
+def test_stop_with_an_idle_connection_open_logs_no_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that keeps its connection between calls is let go quietly at shutdown."""
+    closed: list[asyncio.Task[None]] = []
+
+    async def body(d: Running) -> None:
+        reader, writer = await asyncio.open_unix_connection(str(d.path))
+        writer.write(orjson.dumps(CALL) + b"\n")
+        await writer.drain()
+        assert orjson.loads(await reader.readline())["outcome"] == "success"
+
+        async def close_when_the_daemon_does() -> None:
+            assert await reader.read() == b""  # still open, idle, while the daemon stops
+            writer.close()
+
+        closed.append(asyncio.create_task(close_when_the_daemon_does()))
+
+    with caplog.at_level(logging.ERROR):
+        with_daemon(tmp_path, body)
+    assert closed[0].done() and closed[0].exception() is None
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_stop_drains_in_flight_calls(tmp_path: Path) -> None:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
+import os
+import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -22,6 +25,7 @@ from daemon_harness import Running, with_daemon
 from sshd import FaultServer, running_fault_server, write_known_hosts
 
 from sshadapter.config import HostSection
+from sshadapter.offload import Judge, Judged
 from sshadapter.runners.ssh import SshRunner
 
 TOOL = "fault_probe"  # host alias `faults`: the host whose faults each test provokes
@@ -90,7 +94,7 @@ def faults(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultServer]:
 def contract(tmp_path: Path) -> tuple[Path, Path]:
     """commands/ and schemas/ holding fault_probe (alias faults) and healthy_probe (healthy)."""
     commands, schemas = tmp_path / "commands", tmp_path / "schemas"
-    commands.mkdir()
+    commands.mkdir(parents=True)
     schemas.mkdir()
     for tool, host in ((TOOL, "faults"), (HEALTHY_TOOL, "healthy")):
         (commands / f"{tool}.toml").write_text(
@@ -399,3 +403,182 @@ def test_agent_never_sees_fault_text(
         await still_serves(d)
 
     serve(tmp_path, faults, body)
+
+
+# --- callers and hosts that could stall the others (issue 9) -------------------------------
+
+BLOB_TOML = """\
+description = "A large JSON document from the fault server's blob verb."
+version = 1
+host = "{host}"
+argv = ["blob", "{{size}}"]
+timeout_seconds = 30
+
+[params.size]
+type = "integer"
+minimum = 12
+maximum = 9000000
+
+[output]
+format = "json"
+schema = "blob.v1.json"
+max_bytes = 9000000
+
+[agent]
+fields = ["blob"]
+"""
+
+BLOB_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["blob"],
+    "properties": {"blob": {"type": "string", "pattern": "^y*$", "maxLength": 9000000}},
+    "additionalProperties": False,
+}
+
+
+def serve_with_blob(
+    tmp_path: Path,
+    faults: FaultServer,
+    body: Callable[[Running], Awaitable[None]],
+    judge: Judge | None = None,
+    **server: Any,
+) -> None:
+    """``serve``, plus the `blob` tool on the healthy host."""
+    hosts = {"faults": faults.host_section(), "healthy": faults.host_section()}
+    runner = SshRunner(hosts)
+    commands, schemas = contract(tmp_path)
+    (commands / "blob.toml").write_text(BLOB_TOML.format(host="healthy"))
+    (schemas / "blob.v1.json").write_text(json.dumps(BLOB_SCHEMA))
+
+    async def wrapped(d: Running) -> None:
+        try:
+            await body(d)
+        finally:
+            await runner.close()
+
+    with_daemon(
+        tmp_path,
+        wrapped,
+        runner=runner,
+        commands=commands,
+        schemas=schemas,
+        hosts=hosts,
+        judge=judge,
+        **server,
+    )
+
+
+def blob(size: int) -> dict[str, Any]:
+    return {"op": "call", "tool": "blob", "args": {"size": size}}
+
+
+def test_clients_that_never_read_their_answers_are_dropped(
+    tmp_path: Path, faults: FaultServer
+) -> None:
+    """Ten clients ask for 4 MB and never read: each is dropped at the write timeout, counted,
+    and its buffered answer released; the daemon keeps serving."""
+
+    async def body(d: Running) -> None:
+        writers = []
+        for _ in range(10):
+            _, writer = await asyncio.open_unix_connection(str(d.path))
+            writer.write(orjson.dumps(blob(4_000_000)) + b"\n")
+            writers.append(writer)
+        drops = d.service.metrics.client_drops.labels("write_timeout")
+        deadline = time.monotonic() + 60
+        while drops._value.get() < 10 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert drops._value.get() == 10
+        assert d.daemon._connections == {}  # every slow reader is gone, with its buffer
+        await still_serves(d, HEALTHY_TOOL)
+        for writer in writers:
+            writer.close()
+
+    serve_with_blob(tmp_path, faults, body, write_timeout_seconds=1.0)
+
+
+class WatchedJudge(Judge):
+    """The daemon's judge, counting the event loop's turns while each output is judged."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
+        self.ticks = 0
+        self.ticks_while_judging: list[int] = []
+
+    async def judge(self, *args: Any) -> Judged:
+        before = self.ticks
+        judged = await super().judge(*args)
+        self.ticks_while_judging.append(self.ticks - before)
+        return judged
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_loop_keeps_serving_while_a_large_output_is_judged(
+    tmp_path: Path, faults: FaultServer, workers: int
+) -> None:
+    """An 8 MB output is judged off the event loop: the loop turns (other calls are served)
+    for the whole time its parse, schema and envelope take; a small one stays in the loop."""
+    judge = WatchedJudge(workers)
+
+    async def body(d: Running) -> None:
+        async def tick() -> None:
+            while True:
+                judge.ticks += 1
+                await asyncio.sleep(0.001)
+
+        ticker = asyncio.create_task(tick())
+        try:
+            big = asyncio.create_task(d.ask(blob(8_400_000)))
+            await still_serves(d, HEALTHY_TOOL)
+            assert (await big)["outcome"] == "success"
+        finally:
+            ticker.cancel()
+        small, large = sorted(judge.ticks_while_judging)
+        assert small == 0  # judged in the loop: no turn in between
+        assert large > 0  # judged in a worker: the loop kept turning
+
+    serve_with_blob(tmp_path, faults, body, judge=judge)
+
+
+def test_a_large_output_judged_in_a_worker_is_judged_as_in_the_daemon(
+    tmp_path: Path, faults: FaultServer
+) -> None:
+    """The same 1 MB output through a worker and in the loop: the same envelope and record."""
+    results: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    for workers in (0, 1):
+
+        async def body(d: Running, workers: int = workers) -> None:
+            response = await d.ask(blob(1_000_000))
+            record = result_record(d, response)
+            results[workers] = (
+                {k: v for k, v in response.items() if k != "request_id"},
+                {k: record[k] for k in ("outcome", "code", "stage", "reason")}
+                | {"sha": record["attempts"][0]["stdout_sha256"]},
+            )
+
+        serve_with_blob(tmp_path / str(workers), faults, body, evaluation_workers=workers)
+    assert results[0] == results[1]
+    assert results[1][0]["outcome"] == "success"
+
+
+def test_a_killed_evaluation_worker_costs_no_answer(
+    tmp_path: Path, faults: FaultServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker judging a large output is killed: the daemon judges it itself, answers, and
+    starts a new worker for the next one."""
+
+    async def body(d: Running) -> None:
+        await d.ask(blob(100_000))  # the worker is up
+        (worker,) = multiprocessing.active_children()
+        big = asyncio.create_task(d.ask(blob(8_400_000)))
+        while faults.flood_bytes_written < 8_400_000 - 12:
+            await asyncio.sleep(0.001)
+        os.kill(worker.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        assert (await big)["outcome"] == "success"
+        assert (await d.ask(blob(200_000)))["outcome"] == "success"
+        assert [p.pid for p in multiprocessing.active_children()] != [worker.pid]
+
+    serve_with_blob(tmp_path, faults, body, evaluation_workers=1)
+    assert "evaluation worker died: judging req." in caplog.text

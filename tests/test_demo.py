@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_demo_shows_accepted_and_rejected_results_and_cleans_up() -> None:
     """The demo prints envelopes for real and scripted calls, a stolen key refused by the
-    dispatcher next to an allowed command, the counters, and leaves nothing."""
+    dispatcher next to an allowed command, the counters, an MCP session, and leaves nothing
+    behind."""
     before = set(Path(tempfile.gettempdir()).glob("sshadapter-demo-*"))
     done = subprocess.run(
         [sys.executable, "-m", "sshadapter.cli", "demo"],
@@ -52,4 +53,18 @@ def test_demo_shows_accepted_and_rejected_results_and_cleans_up() -> None:
     assert lines[allowed + 1].count(" ") == 4 and lines[allowed + 2] == "exit status 0"
     assert "allowed operation=load_average" in lines[allowed + 3]
     assert 'sshadapter_dispatch_policy_checks_total{host="local",result="current"}' in done.stdout
+    # The MCP session: requests as a host writes them, what it gets back.
+    requests = [json.loads(line[2:]) for line in lines if line.startswith("> ")]
+    assert [r["method"] for r in requests] == [
+        "initialize",
+        "tools/list",
+        "tools/call",
+        "tools/call",
+    ]
+    answers = [line[2:] for line in lines if line.startswith("< ")]
+    assert answers[1].startswith("7 tools, each with its input and output schema: deploy_status")
+    success, failure = (json.loads(a.split(": ", 1)[1]) for a in answers[2:])
+    assert answers[2].startswith("isError false") and success["outcome"] == "success"
+    assert answers[3].startswith("isError true")
+    assert failure["error"] == {"code": "INVALID_RESPONSE", "retryable": False}
     assert set(Path(tempfile.gettempdir()).glob("sshadapter-demo-*")) == before

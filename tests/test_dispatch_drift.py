@@ -116,13 +116,15 @@ def test_a_policy_one_operation_behind_is_detected_counted_and_refused(tmp_path:
         )
         assert record["command"] == REVIEW_COMMAND and "review_status" not in record["detail"]
         assert (await d.ask(JOB))["outcome"] == "success"  # the others go on
+        labels = {"tool": "review_status", "reason": "policy_drift"}
+        assert metric(d, "sshadapter_dispatch_refusals_total", **labels) == 1
         assert (
             metric(
                 d,
-                "sshadapter_rejections_total",
+                "sshadapter_calls_total",
                 tool="review_status",
-                stage="transport",
-                reason="policy_drift",
+                outcome="failure",
+                code="UPSTREAM_UNAVAILABLE",
             )
             == 1
         )
@@ -159,8 +161,18 @@ def test_the_dispatchers_refusal_is_remote_refused_never_success_never_retried(
         assert len(record["attempts"]) == 1 and record["attempts"][0]["exit_status"] == 77
         assert record["detail"] == REFUSAL_LINE.decode().strip()
         assert runner.calls.count(JOB_COMMAND) == 1
-        labels = {"tool": "job_run_status", "stage": "exit", "reason": "remote_refused"}
-        assert metric(d, "sshadapter_rejections_total", **labels) == 1
+        labels = {"tool": "job_run_status", "reason": "remote_refused"}
+        assert metric(d, "sshadapter_dispatch_refusals_total", **labels) == 1
+        assert (
+            metric(
+                d,
+                "sshadapter_rejections_total",
+                tool="job_run_status",
+                stage="exit",
+                reason="remote_refused",
+            )
+            == 0
+        )  # not bad evidence: the host said no
         # Checked at warm-up a moment ago: no second question yet. Later, a refusal asks again.
         assert runner.calls.count(policy.DIGEST_COMMAND) == 1
         now[0] += RECHECK_AFTER_REFUSAL_SECONDS

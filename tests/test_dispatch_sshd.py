@@ -196,7 +196,7 @@ def test_every_shipped_operation_passes_with_every_fixtures_arguments(
 ) -> None:
     """Through sshd and the dispatcher, each fixture's command reaches its program intact."""
     echo = str(host.bin / "argv-echo")
-    programs = {p: echo for p in ("df", "cat", "findmnt", "systemctl", *CI_PROGRAMS)}
+    programs = {p: echo for p in ("env", "cat", "findmnt", "systemctl", *CI_PROGRAMS)}
     registry = registry_of(commands_with_programs(tmp_path / "commands", programs))
     total = 0
     for alias in HOSTS:
@@ -322,6 +322,9 @@ def test_calls_through_the_daemon_succeed_as_before(host: Host, tmp_path: Path) 
 # What a thief gets ---------------------------------------------------------------------
 
 
+DF = "env LC_ALL=C df -P -k"  # disk_usage's command, less its path
+
+
 def thief_commands(marker: Path) -> list[str]:
     touch = f"touch {marker}"
     python = f"open({str(marker)!r}, 'w')"
@@ -336,15 +339,15 @@ def thief_commands(marker: Path) -> list[str]:
         f"cat /proc/loadavg | tee {marker}",
         f"cat /proc/loadavg > {marker}",
         f"cat /proc/loadavg\n{touch}",
-        f"df -P -k $({touch})",
-        f"df -P -k `{touch}`",
-        f"df -P -k {shlex.quote('/$(' + touch + ')')}",
-        f"df -P -k '/'$({touch})",
-        f"df -P -k /;{touch}",
-        "df -P -k / /etc",  # an extra argument
-        "df -P -k",  # a missing one
-        "df -P -k --output=source /",
-        "df -P -k -- /",
+        f"{DF} $({touch})",
+        f"{DF} `{touch}`",
+        f"{DF} {shlex.quote('/$(' + touch + ')')}",
+        f"{DF} '/'$({touch})",
+        f"{DF} /;{touch}",
+        f"{DF} / /etc",  # an extra argument
+        f"{DF}",  # a missing one
+        f"{DF} --output=source /",
+        f"{DF} -- /",
         "cat /proc/loadavg /etc/shadow",
         "cat /etc/shadow",
         "ci-cli run status --json --project bluebird",  # another host's operation
@@ -357,10 +360,10 @@ def thief_commands(marker: Path) -> list[str]:
         f"exec {touch}",
     ]
     for text in HOSTILE_ARGUMENTS:
-        commands.append(f"df -P -k {text}")
-        commands.append(f"df -P -k {shlex.quote(text)}")
+        commands.append(f"{DF} {text}")
+        commands.append(f"{DF} {shlex.quote(text)}")
         if text:  # "/" alone is a valid path
-            commands.append(f"df -P -k {shlex.quote('/' + text)}")
+            commands.append(f"{DF} {shlex.quote('/' + text)}")
     return commands
 
 
@@ -385,8 +388,9 @@ def test_a_thiefs_commands_are_refused_and_nothing_runs(local_host: Host) -> Non
     """Shells, injections, substitutions, wrong arguments, other hosts' and unknown programs."""
     host = local_host
     registry = registry_of(open_commands(host.root / "thief-commands"))
+    assert f"{DF} /" == registry.operations["disk_usage"].command({"path": "/"})
     every = thief_commands(host.marker)
-    # Only what the daemon would never send ("df -P -k /-n" is a valid path, and harmless).
+    # Only what the daemon would never send (a path "/-n" is valid, and harmless).
     commands = [c for c in every if not daemon_would_send(registry, "local", c)]
     assert len(every) - len(commands) <= 2 and len(commands) > 60
     results = asyncio.run(run_all(host.sshd, commands))

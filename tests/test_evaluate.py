@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def run(
     registry: Registry,
     tool: str,
     stdout: bytes,
-    args: dict[str, object],
+    args: Mapping[str, object],
     exit_status: int = 0,
     stderr: bytes = b"",
 ) -> Verdict:
@@ -80,6 +81,43 @@ def test_undeclared_exit_status_is_invalid_even_with_valid_output(registry: Regi
         "exit",
         "undeclared_exit_status",
     )
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "stderr", "code"),
+    [
+        ("mount_info", {"target": "/srv"}, b"", "NOT_FOUND"),  # findmnt: silent, nothing there
+        ("mount_info", {"target": "/"}, b"findmnt: invalid option -- 'J'\n", "INVALID_RESPONSE"),
+        ("disk_usage", {"path": "/x"}, b"df: /x: No such file or directory\n", "NOT_FOUND"),
+        ("disk_usage", {"path": "/x"}, b"df: /x: Stale file handle\n", "INVALID_RESPONSE"),
+        (
+            "disk_usage",
+            {"path": "/x"},
+            b"df: /x: Datei oder Verzeichnis nicht gefunden\n",
+            "INVALID_RESPONSE",
+        ),
+    ],
+)
+def test_exit_1_is_not_found_only_when_stderr_says_so(
+    registry: Registry, tool: str, args: dict[str, object], stderr: bytes, code: str
+) -> None:
+    """The shipped findmnt and df operations: NOT_FOUND is never a guess from the status alone."""
+    verdict = run(registry, tool, b"", args, exit_status=1, stderr=stderr)
+    assert (verdict.code, verdict.stage, verdict.reason) == (code, "exit", "declared_exit_status")
+    assert verdict.rejected == (code == "INVALID_RESPONSE")  # rejected bytes go to quarantine
+
+
+def test_a_unit_without_a_main_pid_has_no_main_pid_field(registry: Registry) -> None:
+    """service_state for a .target: ActiveState and SubState only, valid against the envelope."""
+    op = registry.operations["service_state"]
+    verdict = run(
+        registry,
+        "service_state",
+        b"ActiveState=active\nSubState=active\n",
+        {"unit": "multi-user.target"},
+    )
+    assert verdict.data == {"ActiveState": "active", "SubState": "active"}
+    assert op.envelope_validator.is_valid(seal(op, "req.abcdefgh", verdict))
 
 
 def test_schema_runs_before_semantic_checks(registry: Registry) -> None:

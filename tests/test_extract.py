@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from sshadapter.errors import EvidenceError
 from sshadapter.extract import JsonlFormat, KvFormat, LinesFormat, RegexFormat, convert
+from sshadapter.linear_regex import compile_linear
 
-DF_HEADER = re.compile(r"^Filesystem +1024-blocks +Used +Available +Capacity +Mounted on$")
-DF_ROW = re.compile(
+DF_HEADER = compile_linear(r"^Filesystem +1024-blocks +Used +Available +Capacity +Mounted on$")
+DF_ROW = compile_linear(
     r"^(?P<filesystem>\S+) +(?P<size_kb>[0-9]+) +(?P<used_kb>[0-9]+) +(?P<available_kb>[0-9]+)"
     r" +(?P<capacity_pct>[0-9]{1,3})% +(?P<mounted_on>/\S*)$"
 )
@@ -19,7 +18,7 @@ DF_OUT = (
     b"Filesystem     1024-blocks     Used Available Capacity Mounted on\n"
     b"/dev/vda         264212084 22831984  83558928      22% /\n"
 )
-LOADAVG = re.compile(
+LOADAVG = compile_linear(
     r"^(?P<load1>[0-9]+\.[0-9]+) (?P<load5>[0-9]+\.[0-9]+) (?P<load15>[0-9]+\.[0-9]+)"
     r" (?P<running>[0-9]+)/(?P<total>[0-9]+) (?P<last_pid>[0-9]+)$"
 )
@@ -100,6 +99,18 @@ def test_kv_needs_every_key_exactly_once_and_nothing_else() -> None:
     assert reason_of(fmt, good + b"SubState=dead\n")[1] == "duplicate_key"
     assert reason_of(fmt, good + b"Description=pwned\n")[1:] == ("unmatched_line", "line 4")
     assert reason_of(fmt, good.replace(b"MainPID=812", b"MainPID 812"))[1] == "unmatched_line"
+
+
+def test_kv_optional_key_may_be_absent_but_not_repeated() -> None:
+    """An optional key absent is an absent field (not null); present, it is typed; twice rejects."""
+    fmt = KvFormat(4096, "=", ("ActiveState", "SubState"), {"MainPID": "integer"}, ("MainPID",))
+    target = b"ActiveState=active\nSubState=active\n"
+    assert fmt.parse(target) == {"ActiveState": "active", "SubState": "active"}
+    assert fmt.parse(b"MainPID=812\n" + target)["MainPID"] == 812
+    assert reason_of(fmt, b"MainPID=812\nMainPID=813\n" + target)[1] == "duplicate_key"
+    assert reason_of(fmt, b"MainPID=x\n" + target)[1] == "bad_type"
+    assert reason_of(fmt, b"MainPID=812\nActiveState=active\n")[1:] == ("missing_key", "SubState")
+    assert reason_of(fmt, target + b"ControlPID=0\n")[1] == "unmatched_line"
 
 
 def test_kv_value_keeps_later_separators() -> None:

@@ -1,4 +1,4 @@
-"""SchemaSet and lint: what a schemas/ directory may hold (DESIGN.md "Operator contract").
+"""SchemaSet and lint: what a schemas/ directory may hold (docs/command-files.md "Schemas").
 
 Each test writes a small schemas/ directory in tmp_path, starting from one
 closed, bounded schema and changing one thing.

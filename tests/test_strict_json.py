@@ -7,7 +7,6 @@ the fast path (orjson plus guards) reaches the same verdict, reason and value.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,11 +15,11 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shared_data import find_shared
 
 from sshadapter import strict_json
 from sshadapter.errors import EVIDENCE_REASONS
 from sshadapter.strict_json import (
-    DEFAULT_MAX_BYTES,
     DEFAULT_MAX_DEPTH,
     MAX_DEPTH_LIMIT,
     REASONS,
@@ -34,22 +33,7 @@ CORPUS_SUBDIR = Path("conformance") / "jsontestsuite" / "test_parsing"
 CORPUS_SIZE = 318
 
 
-def _find_corpus() -> Path | None:
-    """SSHADAPTER_SHARED if set, else shared/ beside the repository (resolved or as seen)."""
-    if env := os.environ.get("SSHADAPTER_SHARED"):
-        return Path(env) / CORPUS_SUBDIR
-    candidates = [
-        Path(__file__).resolve().parents[2] / "shared",
-        Path(__file__).absolute().parents[1] / ".." / "shared",
-        Path.cwd() / ".." / "shared",
-    ]
-    for shared in candidates:
-        if (shared / CORPUS_SUBDIR).is_dir():
-            return shared / CORPUS_SUBDIR
-    return None
-
-
-CORPUS = _find_corpus()
+CORPUS = find_shared(CORPUS_SUBDIR)
 MISSING = "corpus-missing"
 CORPUS_FILES = (
     sorted(p.name for p in CORPUS.glob("*.json")) if CORPUS and CORPUS.is_dir() else []
@@ -252,7 +236,7 @@ def test_bad_limits_are_programming_errors(max_bytes: int, max_depth: int) -> No
 def test_defaults() -> None:
     """The defaults are within the limits they are checked against."""
     assert DEFAULT_MAX_DEPTH == 32 and 1 <= DEFAULT_MAX_DEPTH <= MAX_DEPTH_LIMIT <= 254
-    assert loads(b"[]", max_depth=MAX_DEPTH_LIMIT) == [] and DEFAULT_MAX_BYTES >= 1
+    assert loads(b"[]", max_depth=MAX_DEPTH_LIMIT) == []
 
 
 def test_str_input_is_a_type_error() -> None:

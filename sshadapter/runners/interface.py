@@ -20,8 +20,18 @@ class RunResult:
 
 
 class Runner(Protocol):
-    """Runs ``command`` on ``host``; raises UpstreamError when there is no result at all."""
+    """Runs commands on hosts by alias; the daemon's only way to reach a remote side."""
 
     async def run(
         self, host: str, command: str, *, timeout: float, max_stdout: int, max_stderr: int
-    ) -> RunResult: ...
+    ) -> RunResult:
+        """Run ``command`` on ``host``; raise UpstreamError when there is no result at all."""
+        ...
+
+    async def warm(self, host: str) -> None:
+        """Get ready to run on ``host`` (open a connection); raise UpstreamError if it cannot."""
+        ...
+
+    async def close(self) -> None:
+        """Stop: release every connection; later runs raise UpstreamError("pool_closed")."""
+        ...

@@ -32,3 +32,9 @@ class ScriptedRunner:
             answer.exit_status,
             answer.duration_seconds,
         )
+
+    async def warm(self, host: str) -> None:
+        """Nothing to connect to."""
+
+    async def close(self) -> None:
+        """Nothing to release."""

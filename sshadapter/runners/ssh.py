@@ -1,12 +1,12 @@
 """The production runner: operator-defined commands over pooled asyncssh connections.
 
-Contract: DESIGN.md "One call, stage by stage", stage 5. Each command runs on
+Reference: docs/protocol.md "Stages" (5) and docs/operations.md "SSH". Each command runs on
 its own session channel with no PTY, no environment, stdin closed at once, and
 stdout/stderr capped as each packet arrives: past a cap the remote command is
 killed, the channel closed, and the result carries ``cap + 1`` bytes (proof
 that the cap was exceeded) and no exit status.
 
-Security (DESIGN.md "Configuration"): host keys are checked strictly against
+Security (docs/operations.md "Hosts"): host keys are checked strictly against
 the host's ``known_hosts`` file and nothing else; there is no switch to turn
 that off. Client keys come from ``client_keys`` files or a systemd credential;
 no agent, no agent or X11 forwarding, no ``~/.ssh/config``, public key
@@ -19,7 +19,7 @@ full, and at most one connect is in flight per host (sshd's ``MaxStartups``
 drops bursts of new connections). Callers beyond capacity wait.
 
 Errors: every asyncssh and OS exception becomes an ``UpstreamError`` in
-``_translate`` and nowhere else (STYLE.md, practice 4).
+``_translate`` and nowhere else (CONTRIBUTING.md: errors by blame, mapped in one place).
 """
 
 from __future__ import annotations
@@ -30,13 +30,15 @@ import errno
 import functools
 import logging
 import os
+import select
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import asyncssh
+from asyncssh import packet as asyncssh_packet
 
 from sshadapter.config import HostSection
 from sshadapter.errors import UpstreamError
@@ -129,8 +131,9 @@ class SshRunner:
         pool = self._pool(host)
         if pool.open_connections:
             return
-        conn = await pool.acquire(avoid=None)
-        pool.release(conn)
+        conn, reserved = await pool.acquire(avoid=None)
+        if reserved:
+            pool.release(conn)
 
     async def close(self) -> None:
         """Close every connection; later calls raise UpstreamError("pool_closed")."""
@@ -153,10 +156,23 @@ class SshRunner:
 
 @dataclass(eq=False)
 class _Conn:
-    """One pooled connection and the number of channels it carries now."""
+    """One pooled connection and the number of channels it carries now (its spare included)."""
 
     ssh: asyncssh.SSHClientConnection
     channels: int = 0
+    spare: _Spare | None = None
+
+    @property
+    def spare_ready(self) -> bool:
+        return self.spare is not None and self.spare.ready
+
+    def take_spare(self) -> _Spare | None:
+        """The ready spare, now the caller's (its slot with it); None if there is none."""
+        spare = self.spare if self.spare_ready else None
+        if spare is not None:
+            self.spare = None
+            spare.taken = True
+        return spare
 
 
 class _Pool:
@@ -179,6 +195,10 @@ class _Pool:
         self._failed_at = float("-inf")
         self._changed = asyncio.Event()
         self._closed = False
+        self.spares_used = 0
+        """Calls that found a spare channel ready: only their exec request went out."""
+        self.spares_off = False
+        """Set once this host's sshd refused a spare (MaxSessions below our channel cap)."""
 
     def __repr__(self) -> str:
         return f"_Pool({self.alias!r}, connections={len(self._conns)})"
@@ -198,14 +218,32 @@ class _Pool:
         avoid: _Conn | None = None
         attempt = 1
         while True:
-            conn = await self.acquire(avoid)
+            conn, reserved = await self.acquire(avoid)
+            spare = conn.take_spare()
+            # A connection the server dropped while idle may not be seen closed yet: then
+            # the call opens its own channel, whose refusal is retried elsewhere.
+            if spare is not None and (not spare.usable or _peer_hung_up(conn.ssh)):
+                spare.abandon()
+                self.release(conn)  # the dead spare's slot; ours, if reserved, stays
+                spare = None
+                if not reserved:
+                    continue
             session = _Session(max_stdout, max_stderr, functools.partial(self.release, conn))
             attempts.append(session)
             try:
-                await _open_channel(conn.ssh, session, command)
+                if spare is not None:  # only the exec request is left to send
+                    self.spares_used += 1
+                    self._refill(conn, reserved=reserved)  # the reserved slot is the next spare's
+                    await _exec_on_spare(spare, session, command)
+                else:
+                    await _open_channel(conn.ssh, session, command)
+                    self._refill(conn, reserved=False)
                 return session
             except asyncssh.ChannelOpenError as exc:  # nothing ran: refused, or a stale connection
                 session.release()
+                if conn.spare is not None:  # its session may be the one sshd has no room for
+                    self.spares_off = True
+                    conn.spare.abandon()
                 if conn.ssh.is_closed():
                     self._forget(conn.ssh)
                 if attempt >= CHANNEL_OPEN_ATTEMPTS:
@@ -216,8 +254,9 @@ class _Pool:
                 session.release()
                 raise _translate(exc, ran=True) from exc
 
-    async def acquire(self, avoid: _Conn | None) -> _Conn:
-        """Reserve a channel slot, preferring a connection other than ``avoid``."""
+    async def acquire(self, avoid: _Conn | None) -> tuple[_Conn, bool]:
+        """A connection to run on, preferring one other than ``avoid``, and whether a channel
+        slot was reserved on it (False: it has no room, but a ready spare to hand over)."""
         while True:
             if self._closed:
                 raise UpstreamError("pool_closed", retryable=False, ran=False)
@@ -227,8 +266,10 @@ class _Pool:
             if conn is None and self._connecting is None:
                 conn = self._pick(exclude=None)  # the avoided connection is all there is
             if conn is not None:
-                conn.channels += 1
-                return conn
+                if conn.channels < self._section.max_channels_per_connection:
+                    conn.channels += 1
+                    return conn, True
+                return conn, False
             if self._connecting is not None:
                 task = self._connecting
                 # wait(), not the task itself: our timeout must not cancel a shared connect.
@@ -251,6 +292,8 @@ class _Pool:
             await asyncio.wait([self._connecting])
         conns, self._conns = self._conns, []
         for conn in conns:
+            if conn.spare is not None:
+                conn.spare.abandon()
             conn.ssh.close()
         if conns:
             await asyncio.wait(
@@ -260,9 +303,44 @@ class _Pool:
         self._notify()
 
     def _pick(self, exclude: _Conn | None) -> _Conn | None:
+        """The least busy connection with room or a ready spare; a ready spare first."""
         cap = self._section.max_channels_per_connection
-        room = [c for c in self._conns if c is not exclude and c.channels < cap]
-        return min(room, key=lambda c: c.channels, default=None)
+        room = [c for c in self._conns if c is not exclude and (c.channels < cap or c.spare_ready)]
+        return min(room, key=lambda c: (not c.spare_ready, c.channels), default=None)
+
+    def _refill(self, conn: _Conn, *, reserved: bool) -> None:
+        """Open a spare channel on ``conn`` ahead of the next call, if there is room for one.
+
+        ``reserved``: a slot is already counted for it. A spare holds a slot of the
+        connection's channel cap, so it never takes sshd past MaxSessions.
+        """
+        room = reserved or conn.channels < self._section.max_channels_per_connection
+        off = not SPARES or self.spares_off or self._closed
+        if off or conn.spare is not None or conn.ssh.is_closed() or not room:
+            if reserved:
+                self.release(conn)
+            return
+        if not reserved:
+            conn.channels += 1
+        conn.spare = _Spare(functools.partial(self._spare_gone, conn))
+        conn.spare.open(conn.ssh)
+
+    def _spare_gone(self, conn: _Conn, spare: _Spare, refused: bool) -> None:
+        """A spare that closed or failed before a call took it: its slot is free again.
+
+        ``refused``: sshd refused its channel, so it allows fewer sessions per connection
+        than our cap: spares stop for this host, every call opens its own channel.
+        """
+        if conn.spare is spare:
+            conn.spare = None
+        if refused and not self.spares_off:
+            self.spares_off = True
+            log.warning(
+                "host %s refused a spare session channel (sshd MaxSessions below "
+                "max_channels_per_connection): calls open their own channels",
+                self.alias,
+            )
+        self.release(conn)
 
     def _may_connect(self) -> bool:
         if len(self._conns) >= self._section.max_connections:
@@ -304,6 +382,7 @@ class _Pool:
         else:
             outcome = _Conn(ssh)
             self._conns.append(outcome)
+            self._refill(outcome, reserved=False)
         self._connecting = None
         self._notify()
         return outcome
@@ -401,26 +480,169 @@ class _Session(asyncssh.SSHClientSession[bytes]):
             self.finished.set_result(None)
 
 
-async def _open_channel(ssh: asyncssh.SSHClientConnection, session: _Session, command: str) -> None:
-    """Open a session channel for ``command`` and close its stdin.
+# A spare channel: the exec request is held back by a gate until a call hands over its
+# command. The gate replaces the channel instance's ``_make_request``, asyncssh's one
+# private method this relies on (same signature since asyncssh 2.0; tests hold it). If
+# it ever goes, SPARES is False and every call opens its own channel, as before.
+SPARES: Final = hasattr(asyncssh.SSHClientChannel, "_make_request") and hasattr(
+    asyncssh_packet, "String"
+)
+SPARE_PLACEHOLDER: Final = ":"  # never sent: the gate swaps in the call's command
 
-    The open runs in its own task: if our caller is cancelled (its timeout)
-    halfway, asyncssh would otherwise leave a channel open on the server with
-    nobody reading it. The task finishes and then stops or releases the session.
+
+class _Spare(asyncssh.SSHClientSession[bytes]):
+    """A session channel opened ahead of need; a call hands it a session and a command.
+
+    asyncssh's ``create_session`` opens the channel, makes this object its session,
+    then sends the exec request: the gate installed in ``connection_made`` holds that
+    request until ``claim`` gives the real command, and from then on every callback
+    goes to the call's ``_Session``. Nothing runs on the host before the claim.
     """
-    opening = asyncio.ensure_future(
-        ssh.create_session(
-            lambda: session,
-            command,
-            term_type=None,
-            request_pty=False,
-            env=None,
-            send_env=None,
-            x11_forwarding=False,
-            encoding=None,
-            max_pktsize=MAX_PACKET_BYTES,
-        )
+
+    def __init__(self, on_gone: Callable[[_Spare, bool], None]) -> None:
+        self.ready = False
+        self.taken = False
+        """Handed to a call: its slot is the call's to release from now on."""
+        self.target: _Session | None = None
+        self.opening: asyncio.Future[tuple[Any, Any]] | None = None
+        self._command: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._chan: asyncssh.SSHClientChannel[bytes] | None = None
+        self._on_gone = on_gone
+        self._gone = False
+
+    def open(self, ssh: asyncssh.SSHClientConnection) -> None:
+        self.opening = asyncio.ensure_future(_create_session(ssh, lambda: self, SPARE_PLACEHOLDER))
+        self.opening.add_done_callback(self._opened_or_not)
+
+    @property
+    def usable(self) -> bool:
+        """Still open and waiting for its command."""
+        return self.ready and self._chan is not None and not self._gone
+
+    def claim(self, session: _Session, command: str) -> None:
+        """From now on the channel is ``session``'s, and its exec request goes out."""
+        assert self._chan is not None and self.usable  # the caller checked, with no await since
+        self.ready = False
+        self.target = session
+        session.connection_made(self._chan)
+        self._command.set_result(command)
+
+    def abandon(self) -> None:
+        """Give the spare up unused: its channel closes (sshd's session with it)."""
+        if self.target is None:
+            if self._chan is not None:
+                self._chan.close()
+            if self.opening is not None:
+                self.opening.cancel()
+
+    # asyncssh's session callbacks: held until the claim, the call's session's after it
+
+    def connection_made(self, chan: asyncssh.SSHClientChannel[bytes]) -> None:
+        self._chan = chan
+        if not SPARES:  # pragma: no cover - an asyncssh without the gate's method
+            chan.close()  # the exec request then fails: nothing is ever sent
+            return
+        original = chan._make_request
+        command = self._command
+
+        async def gated(request: bytes, *args: bytes) -> bool | None:
+            if request == b"exec":
+                args = (asyncssh_packet.String(await command),)
+            return await original(request, *args)
+
+        chan._make_request = gated  # type: ignore[method-assign]
+        self.ready = True
+
+    def session_started(self) -> None:
+        if self.target is not None:
+            self.target.session_started()
+
+    def data_received(self, data: bytes, datatype: asyncssh.DataType) -> None:
+        if self.target is not None:
+            self.target.data_received(data, datatype)
+
+    def eof_received(self) -> bool:
+        return self.target.eof_received() if self.target is not None else False
+
+    def exit_status_received(self, status: int) -> None:
+        if self.target is not None:
+            self.target.exit_status_received(status)
+
+    def exit_signal_received(self, signal: str, core_dumped: bool, msg: str, lang: str) -> None:
+        if self.target is not None:
+            self.target.exit_signal_received(signal, core_dumped, msg, lang)
+
+    def pause_writing(self) -> None:
+        if self.target is not None:
+            self.target.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.target is not None:
+            self.target.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.target is not None:
+            self.target.connection_lost(exc)
+        else:
+            self._lost()
+
+    def _opened_or_not(self, opening: asyncio.Future[tuple[Any, Any]]) -> None:
+        if self.target is None and (opening.cancelled() or opening.exception() is not None):
+            refused = not opening.cancelled() and isinstance(
+                opening.exception(), asyncssh.ChannelOpenError
+            )
+            self._lost(refused)  # refused (MaxSessions), or gone before a claim
+
+    def _lost(self, refused: bool = False) -> None:
+        self.ready = False
+        if not self._command.done():
+            self._command.cancel()
+        if not self._gone:
+            self._gone = True
+            if not self.taken:  # a taken spare's slot is its taker's to release
+                self._on_gone(self, refused)
+
+
+def _peer_hung_up(ssh: asyncssh.SSHClientConnection) -> bool:
+    """Whether the connection's socket already holds a reset or an end of stream (no read)."""
+    sock = ssh.get_extra_info("socket")
+    fd = sock.fileno() if sock is not None else -1
+    if fd < 0:
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | _POLLRDHUP)
+    return any(events & _HUNG_UP for _, events in poller.poll(0))
+
+
+_POLLRDHUP: Final = getattr(select, "POLLRDHUP", 0x2000)  # Linux
+_HUNG_UP: Final = select.POLLERR | select.POLLHUP | _POLLRDHUP
+
+
+async def _exec_on_spare(spare: _Spare, session: _Session, command: str) -> None:
+    """Send ``command`` on a spare's open channel and close its stdin (as _open_channel)."""
+    assert spare.opening is not None
+    spare.claim(session, command)
+    await _finish_opening(spare.opening, session)
+
+
+async def _create_session(
+    ssh: asyncssh.SSHClientConnection, factory: Callable[[], Any], command: str
+) -> tuple[Any, Any]:
+    return await ssh.create_session(
+        factory,
+        command,
+        term_type=None,
+        request_pty=False,
+        env=None,
+        send_env=None,
+        x11_forwarding=False,
+        encoding=None,
+        max_pktsize=MAX_PACKET_BYTES,
     )
+
+
+async def _finish_opening(opening: asyncio.Future[tuple[Any, Any]], session: _Session) -> None:
+    """Wait for the exec request's answer; if our caller is cancelled, clean up behind it."""
     try:
         await asyncio.shield(opening)
     except asyncio.CancelledError:
@@ -428,6 +650,17 @@ async def _open_channel(ssh: asyncssh.SSHClientConnection, session: _Session, co
         raise
     chan, _ = opening.result()
     chan.write_eof()  # stdin is closed: a command that reads it sees EOF at once
+
+
+async def _open_channel(ssh: asyncssh.SSHClientConnection, session: _Session, command: str) -> None:
+    """Open a session channel for ``command`` and close its stdin.
+
+    The open runs in its own task: if our caller is cancelled (its timeout)
+    halfway, asyncssh would otherwise leave a channel open on the server with
+    nobody reading it. The task finishes and then stops or releases the session.
+    """
+    opening = asyncio.ensure_future(_create_session(ssh, lambda: session, command))
+    await _finish_opening(opening, session)
 
 
 def _abandon(session: _Session, opening: asyncio.Future[object]) -> None:

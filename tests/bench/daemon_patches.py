@@ -1,16 +1,94 @@
-"""Experimental fixes for the daemon, applied in its process only, to measure a suggestion.
+"""Code run inside a benchmark's daemon process, before ``sshadapter serve``.
 
-The package is not edited: ``PATCHED_SERVE`` runs ``exec(code)`` and then
-``sshadapter serve``; ``bench_ssh.py --variant`` and ``profile_ssh.py --patch``
-use it to run a patched daemon beside (or instead of) the real one. Each entry is
-one suggested fix from a benchmark report; when the package adopts it, the entry
-can go. A later patch of the same function replaces an earlier one.
+``SERVE`` is what the benchmarks start (``python -c SERVE SETUP_JSON``): it ties the
+daemon's life to the benchmark's (PR_SET_PDEATHSIG: a killed benchmark leaves no
+daemon behind), installs ``LOOP_RECORDER`` (inert until signalled), runs the
+experimental fixes asked for (``PATCHES``), then calls the package's own
+``sshadapter serve --config``. The package is never edited.
+
+``LOOP_RECORDER`` measures how long the event loop is blocked. It wraps the
+stdlib's ``asyncio.events.Handle._run``, through which the loop runs every
+callback and every task step (``BaseEventLoop._run_once``), so it sees the
+daemon's loop whatever the package's internals look like. It costs nothing until
+``LOOP_START_SIGNAL``; from then on every callback is timed (CLOCK_MONOTONIC wall
+time and the thread's CPU time) and those over ``LOOP_MIN_NS`` are kept;
+``LOOP_DUMP_SIGNAL`` restores the original method and writes the records as JSON
+to the ``loop_log`` path, atomically (written aside, then renamed). Real-time
+signals: nothing else in the daemon uses them.
+
+``PATCHES``: experimental fixes, applied in that daemon only, to measure what a
+suggested change would save (``bench_ssh.py --variant``, ``profile_ssh.py
+--patch``). They touch package internals by nature, so they break when the code
+moves on: when the package adopts or refutes one, the entry goes.
 """
 
 from __future__ import annotations
 
+import signal
+from typing import Final
+
+LOOP_START_SIGNAL: Final = signal.SIGRTMIN + 3
+LOOP_DUMP_SIGNAL: Final = signal.SIGRTMIN + 4
+LOOP_MIN_NS: Final = 100_000  # shorter callbacks cannot matter against a 5 ms target
+LOOP_MAX_RECORDS: Final = 500_000  # a bound on the recorder's own memory
+
+LOOP_RECORDER: Final = f"""
+import asyncio.events, json, os, signal, time
+
+def _install_loop_recorder(path):
+    handle_class = asyncio.events.Handle
+    original = handle_class._run
+    records = []
+    monotonic, thread_time = time.monotonic_ns, time.thread_time_ns
+
+    def label(callback):
+        task = getattr(callback, "__self__", None)
+        coro = getattr(task, "get_coro", None)
+        if coro is not None:
+            coro = coro()
+            return "task " + getattr(coro, "__qualname__", type(coro).__name__)
+        return getattr(callback, "__qualname__", type(callback).__name__)
+
+    def timed_run(self):
+        callback = self._callback
+        t0, c0 = monotonic(), thread_time()
+        original(self)
+        wall = monotonic() - t0
+        if wall >= {LOOP_MIN_NS} and len(records) < {LOOP_MAX_RECORDS}:
+            records.append((t0, wall, thread_time() - c0, label(callback)))
+
+    def start(*_):
+        records.clear()
+        handle_class._run = timed_run
+
+    def dump(*_):
+        handle_class._run = original
+        aside = path + ".part"
+        with open(aside, "w") as out:
+            json.dump(records, out)
+        os.replace(aside, path)
+        records.clear()
+
+    signal.signal({int(LOOP_START_SIGNAL)}, start)
+    signal.signal({int(LOOP_DUMP_SIGNAL)}, dump)
+"""
+
+SERVE: Final = f"""
+import ctypes, json, os, signal, sys
+setup = json.loads(sys.argv[1])
+PR_SET_PDEATHSIG = 1
+ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+if os.getppid() != setup["parent"]:  # the benchmark died before prctl
+    sys.exit(1)
+{LOOP_RECORDER}
+_install_loop_recorder(setup["loop_log"])
+exec(setup["patches"])
+from sshadapter.cli import main
+sys.exit(main(["serve", "--config", setup["config"]]))
+"""
+
 # Each entry: a suggested fix, executed in the daemon process before serve.
-PATCHES = {
+PATCHES: Final = {
     # runners.ssh._open_channel opens each channel in its own task behind asyncio.shield
     # (so a caller's timeout cannot leave a half-open channel): two more event-loop turns
     # per call. Measurement only: this version drops that cancellation guarantee.
@@ -25,11 +103,38 @@ async def _open_channel(ssh, session, command):
 
 _s._open_channel = _open_channel
 """,
-}
+    # audit.AuditLog._flush: fsync inline when one record waits alone, in a thread only when
+    # others queue behind it (perf.md, lever 1). Measurement only.
+    "inline-fsync": r"""
+import asyncio, os
+from sshadapter import audit as _a
 
-PATCHED_SERVE = r"""
-import sys
-exec(sys.argv[1])
-from sshadapter.cli import main
-sys.exit(main(["serve", "--config", sys.argv[2]]))
-"""
+async def _flush(self, delay):
+    if delay:
+        await asyncio.sleep(delay)
+    while self._synced < self._written:
+        target, fd = self._written, self._fd
+        try:
+            if fd is None:
+                raise _a.AuditError("audit log closed before its records were synced")
+            if target - self._synced == 1 and len(self._waiters) <= 1:
+                os.fsync(fd)
+            else:
+                await asyncio.to_thread(os.fsync, fd)
+            self.syncs += 1
+        except (OSError, _a.AuditError) as exc:
+            error = exc if isinstance(exc, _a.AuditError) else _a.AuditError(str(exc))
+            while self._waiters:
+                _, waiter = self._waiters.popleft()
+                if not waiter.done():
+                    waiter.set_exception(error)
+            return
+        self._synced = target
+        while self._waiters and self._waiters[0][0] <= target:
+            _, waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+_a.AuditLog._flush = _flush
+""",
+}

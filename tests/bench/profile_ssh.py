@@ -1,86 +1,85 @@
-"""Profile the daemon under one load of bench_ssh.py: where its CPU and memory go.
+"""Profile one daemon under one load of the SSH benchmarks: where its CPU and memory go.
 
-Run: ``python tests/bench/profile_ssh.py --load big --profile pyspy`` (needs
-``pip install py-spy``), or ``--profile tracemalloc`` (the daemon runs under a
-wrapper that starts tracemalloc and dumps the biggest live allocation sites at
-the moment the traced memory peaks), or ``--profile none`` (RSS and CPU only,
-e.g. with ``--env MALLOC_ARENA_MAX=2`` to test an allocator setting).
-``--patch NAME`` applies an experimental fix from daemon_patches.py in the daemon;
-``--with-raw`` interleaves raw asyncssh phases (the floor) with the daemon's. It
-also prints the runner's time (stage 5, from the audit trail) against the
-end-to-end latency, and the daemon's log volume.
+Run: ``python tests/bench/profile_ssh.py --load status1 --profile pyspy`` (needs py-spy:
+``.venv/bin/pip install py-spy``, a tool of yours, not a project dependency), or
+``--profile tracemalloc`` (the daemon starts tracemalloc and dumps the biggest live
+allocation sites at the moment the traced memory peaked), or ``--profile none``
+(latency, CPU and RSS only; with ``--env MALLOC_ARENA_MAX=2`` to try an allocator
+setting). ``--patch NAME`` applies an experimental fix from daemon_patches.py in
+the daemon; ``--with-raw`` interleaves raw asyncssh phases (the floor).
 
-Loads (the same operations, config and clients as bench_ssh.py):
-  big        bench_big (1 MiB output) at concurrency 64
-  status1    bench_status at concurrency 1
-  status32   bench_status at concurrency 32
+Loads (the operations, config and clients of harness.py):
+  status1    bench_status, one caller, back to back
+  status32   bench_status, 32 callers
+  big1       bench_big (a 1 MiB result), one caller, back to back
+  big64      bench_big, 64 callers
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-
-import orjson
+from typing import Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_ssh as b
-from daemon_patches import PATCHED_SERVE, PATCHES
-from sshd import running_sshd
+import harness as h
+from daemon_patches import PATCHES
 
-from sshadapter.registry import load_registry
+LOADS: Final = {
+    "status1": (1, "bench_status"),
+    "status32": (32, "bench_status"),
+    "big1": (1, "bench_big"),
+    "big64": (64, "bench_big"),
+}
+TRACEMALLOC_DUMP_SIGNAL: Final = signal.SIGRTMIN + 5
 
-LOADS = {"big": (64, True), "status1": (1, False), "status32": (32, False)}
+# Run in the daemon with --profile tracemalloc: the snapshot taken at the traced peak is
+# written to the daemon's directory on TRACEMALLOC_DUMP_SIGNAL.
+TRACEMALLOC = f"""
+import os, signal, threading, time, tracemalloc
+tracemalloc.start(FRAMES)
+_best = {{"peak": 0, "snap": None}}
 
-# Runs the daemon with tracemalloc on; SIGUSR1 writes the snapshot taken at the traced peak.
-TRACED_SERVE = r"""
-import signal, sys, tracemalloc, threading, time
-tracemalloc.start(int(sys.argv[1]))
-out = sys.argv[2]
-best = {"peak": 0, "snap": None}
-
-def watch():
+def _watch():
     while True:
         time.sleep(0.02)
         current, _ = tracemalloc.get_traced_memory()
-        if current > 32 * 2**20 and current > best["peak"] * 1.10:
-            best["peak"] = current
-            best["snap"] = tracemalloc.take_snapshot()
+        if current > 32 * 2**20 and current > _best["peak"] * 1.10:
+            _best["peak"] = current
+            _best["snap"] = tracemalloc.take_snapshot()
 
-def dump(*_):
-    snap = best["snap"]
-    with open(out, "w") as f:
-        f.write(f"traced peak (sampled) {best['peak'] / 2**20:.1f} MiB; "
-                f"tracemalloc peak {tracemalloc.get_traced_memory()[1] / 2**20:.1f} MiB\n")
+def _dump(*_):
+    snap = _best["snap"]
+    with open("tracemalloc.txt.part", "w") as f:
+        f.write(f"traced peak (sampled) {{_best['peak'] / 2**20:.1f}} MiB; "
+                f"tracemalloc peak {{tracemalloc.get_traced_memory()[1] / 2**20:.1f}} MiB\\n")
         if snap is not None:
-            f.write("\n== by line ==\n")
+            f.write("\\n== by line ==\\n")
             for stat in snap.statistics("lineno")[:25]:
-                f.write(f"{stat.size / 2**20:8.1f} MiB {stat.count:8d}  {stat.traceback[0]}\n")
-            f.write("\n== by traceback (top 8) ==\n")
+                where = stat.traceback[0]
+                f.write(f"{{stat.size / 2**20:8.1f}} MiB {{stat.count:8d}}  {{where}}\\n")
+            f.write("\\n== by traceback (top 8) ==\\n")
             for stat in snap.statistics("traceback")[:8]:
-                f.write(f"\n{stat.size / 2**20:8.1f} MiB {stat.count:8d}\n")
+                f.write(f"\\n{{stat.size / 2**20:8.1f}} MiB {{stat.count:8d}}\\n")
                 for line in stat.traceback.format()[-16:]:
-                    f.write(f"    {line}\n")
+                    f.write(f"    {{line}}\\n")
+    os.replace("tracemalloc.txt.part", "tracemalloc.txt")
 
-threading.Thread(target=watch, daemon=True).start()
-signal.signal(signal.SIGUSR1, dump)
-from sshadapter.cli import main
-sys.exit(main(["serve", "--config", sys.argv[3]]))
+threading.Thread(target=_watch, daemon=True).start()
+signal.signal({int(TRACEMALLOC_DUMP_SIGNAL)}, _dump)
 """
 
 
 def summarize_collapsed(path: Path, top: int = 30) -> str:
-    """Self and inclusive sample counts per function from py-spy's collapsed output."""
+    """Self and inclusive shares per function from py-spy's collapsed (raw) output."""
     self_counts: Counter[str] = Counter()
     incl: Counter[str] = Counter()
     total = 0
@@ -101,145 +100,125 @@ def summarize_collapsed(path: Path, top: int = 30) -> str:
     return "\n".join(out)
 
 
+async def phase(env: h.Env, method: str, level: int, tool: str, calls: int) -> list[int]:
+    """``calls`` calls by ``level`` callers; latencies in ns (failures are reported)."""
+    latencies: list[int] = []
+    fails: Counter[str] = Counter()
+    remaining = calls
+    conns: list[h.AgentConn] = []
+    if method != "raw":
+        socket = next(iter(env.daemons.values())).socket
+        conns = [await h.AgentConn.open(socket) for _ in range(level)]
+    line = h.status_line(0) if tool == "bench_status" else h.call_line(tool)
+    raw_command = env.commands.status(0) if tool == "bench_status" else env.commands.rows(tool)
+    expect = h.STATUS_EXPECT if tool == "bench_status" else h.ROWS_EXPECT
+
+    async def worker(conn: h.AgentConn | None) -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            call = conn.call(line) if conn is not None else env.raw.run(raw_command, expect)
+            ns, failure = await h.timed(call)
+            latencies.append(ns)
+            if failure is not None:
+                fails[failure] += 1
+
+    callers: list[h.AgentConn | None] = [*conns] if conns else [None] * level
+    await asyncio.gather(*(worker(c) for c in callers))
+    for conn in conns:
+        await conn.close()
+    if fails:
+        print(f"  {method}: failed calls {dict(fails)}")
+    return latencies
+
+
 async def amain(args: argparse.Namespace) -> None:
-    level, big = LOADS[args.load]
-    with running_sshd() as sshd, tempfile.TemporaryDirectory(prefix="sshadapter-prof-") as t:
-        tmp = Path(t)
-        tmp.chmod(0o755)
-        b.write_operations(tmp)
-        registry = load_registry(tmp / "commands", tmp / "schemas", hosts=["bench"])
-        config = b.write_config(tmp, sshd, "prof", args.fsync)
-        env = {**os.environ, "PYTHONPATH": str(b.ROOT)}
-        for item in args.env:
-            key, _, value = item.partition("=")
-            env[key] = value
-        log = tmp / "daemon.log"
-        dump = tmp / "tracemalloc.txt"
-        if args.profile == "tracemalloc":
-            argv = [sys.executable, "-c", TRACED_SERVE, str(args.frames), str(dump), str(config)]
-        elif args.patch:
-            code = "\n".join(PATCHES[name] for name in args.patch)
-            argv = [sys.executable, "-c", PATCHED_SERVE, code, str(config)]
-        else:
-            argv = [sys.executable, "-m", "sshadapter.cli", "serve", "--config", str(config)]
-        with open(log, "wb") as out:
-            process = subprocess.Popen(
-                argv,
-                cwd=tmp,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        daemon = b.Daemon("sshadapter", process.pid, tmp / "prof.sock", process, log)
+    level, tool = LOADS[args.load]
+    for item in args.env:
+        key, _, value = item.partition("=")
+        os.environ[key] = value  # inherited by the daemon
+    patches = list(args.patch)
+    if args.profile == "tracemalloc":
+        PATCHES["tracemalloc"] = TRACEMALLOC.replace("FRAMES", str(args.frames))
+        patches.append("tracemalloc")
+    print(f"load at start: {h.loadavg()}")
+    async with h.bench_env([("prof", args.fsync)], {"prof": patches}) as env:
+        daemon = env.daemons["prof"]
+        for _ in range(2):  # warm: pool at full size, buffers grown
+            await phase(env, "daemon", max(level, 32), tool, 128)
+        rss0 = h.proc_status(daemon.pid, "VmRSS")
+        h.reset_peak_rss(daemon.pid)
         spy = None
-        try:
-            await b.wait_ready(daemon, timeout=180)
-            raw = await b.RawPool.open(sshd, b.POOL_CONNECTIONS, b.CHANNELS_PER_CONNECTION)
-            bench = b.Bench(
-                sshd,
-                int((sshd.workdir / "sshd.pid").read_text()),
-                registry.operations["bench_status"],
-                registry.operations["bench_big"],
-                raw,
-                {"sshadapter": daemon},
-                [],
-                tmp / "unused",
+        collapsed = env.tmp / "pyspy.txt"
+        if args.profile == "pyspy":
+            spy = subprocess.Popen(
+                [
+                    args.py_spy,
+                    "record",
+                    "--pid",
+                    str(daemon.pid),
+                    "--rate",
+                    str(args.rate),
+                    "--format",
+                    "raw",
+                    "--output",
+                    str(collapsed),
+                    "--nonblocking",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
-            for _ in range(2):  # warm: pool at full size, buffers grown
-                await b.run_phase(bench, "sshadapter", max(level, 32), 128, big=big, record=False)
-            rss0 = b.proc_status(daemon.pid, "VmRSS")
-            b.reset_peak_rss(daemon.pid)
-            if args.profile == "pyspy":
-                collapsed = tmp / "pyspy.txt"
-                spy = subprocess.Popen(
-                    [
-                        "py-spy",
-                        "record",
-                        "--pid",
-                        str(daemon.pid),
-                        "--rate",
-                        str(args.rate),
-                        "--format",
-                        "raw",
-                        "--output",
-                        str(collapsed),
-                        "--nonblocking",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                time.sleep(1.0)
-            wall = 0.0
+            await asyncio.sleep(1.0)
+        lat: list[int] = []
+        raw_lat: list[int] = []
+        wall = cpu = 0.0
+        try:
             for _ in range(args.phases):
-                if args.with_raw:  # the floor, interleaved phase by phase
-                    await b.run_phase(bench, "raw asyncssh", level, args.calls, big=big)
-                w0 = time.perf_counter()
-                await b.run_phase(bench, "sshadapter", level, args.calls, big=big)
+                if args.with_raw:
+                    raw_lat += await phase(env, "raw", level, tool, args.calls)
+                c0, w0 = daemon.cpu(), time.perf_counter()
+                lat += await phase(env, "daemon", level, tool, args.calls)
                 wall += time.perf_counter() - w0
+                cpu += daemon.cpu() - c0
+        finally:
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
-                spy.wait(30)
-            acc = bench.accs[("sshadapter" + (" 1MiB" if big else ""), level)]
+                spy.wait(60)
+        peak = h.proc_status(daemon.pid, "VmHWM")
+        print(
+            f"load {args.load} (c={level}, {tool}), fsync {args.fsync}: {len(lat)} calls, "
+            f"p50 {h.pct(lat, 50) / 1e6:.2f} ms, p99 {h.pct(lat, 99) / 1e6:.2f} ms, "
+            f"{len(lat) / wall:.1f} calls/s, daemon CPU {1000 * cpu / len(lat):.2f} ms/call, "
+            f"RSS before {rss0 / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB, patches {patches}"
+        )
+        if raw_lat:
             print(
-                f"load {args.load}: c={level}, {acc.calls} calls, {sum(acc.fails.values())} "
-                f"failed, p50 {b.pct(acc.lat, 50):.2f} ms, p99 {b.pct(acc.lat, 99):.2f} ms, "
-                f"{acc.calls / wall:.1f} calls/s, daemon CPU "
-                f"{1000 * acc.daemon_cpu / acc.calls:.2f} ms/call, RSS before "
-                f"{rss0 / 2**20:.1f} MiB, peak {acc.peak_rss / 2**20:.1f} MiB, env {args.env}, "
-                f"patches {args.patch}"
+                f"raw asyncssh interleaved: p50 {h.pct(raw_lat, 50) / 1e6:.2f} ms, "
+                f"p99 {h.pct(raw_lat, 99) / 1e6:.2f} ms"
             )
-            if args.with_raw:
-                raw_acc = bench.accs[("raw asyncssh" + (" 1MiB" if big else ""), level)]
-                print(
-                    f"raw asyncssh interleaved: p50 {b.pct(raw_acc.lat, 50):.2f} ms, "
-                    f"p99 {b.pct(raw_acc.lat, 99):.2f} ms, {raw_acc.rate:.1f} calls/s"
-                )
-            results = [
-                r
-                for r in map(orjson.loads, (tmp / "audit-prof.jsonl").read_bytes().splitlines())
-                if r.get("type") == "result"
-            ][-acc.calls :]
-            runner = sorted(r["attempts"][0]["duration_seconds"] * 1000 for r in results)
-            if runner:
-                median = runner[len(runner) // 2]
-                print(
-                    f"stage 5 (runner) duration from the audit: p50 {median:.2f} ms; "
-                    f"end-to-end p50 minus it: {b.pct(acc.lat, 50) - median:.2f} ms"
-                )
-            lines = log.read_text(errors="replace").splitlines()
-            print(f"daemon log: {log.stat().st_size:,} B, {len(lines):,} lines in all; last 6:")
-            print("\n".join("  " + line[:150] for line in lines[-6:]))
-            if args.profile == "tracemalloc":
-                process.send_signal(signal.SIGUSR1)
-                deadline = time.monotonic() + 120
-                while time.monotonic() < deadline and "== by traceback" not in (
-                    dump.read_text() if dump.exists() else ""
-                ):
-                    time.sleep(0.5)
-                time.sleep(2.0)
-                print(dump.read_text() if dump.exists() else "no tracemalloc dump")
-            if args.profile == "pyspy":
+        if args.profile == "tracemalloc":
+            os.kill(daemon.pid, TRACEMALLOC_DUMP_SIGNAL)
+            dump = env.tmp / "tracemalloc.txt"
+            deadline = time.monotonic() + 120
+            while not dump.exists() and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+            print(dump.read_text() if dump.exists() else "no tracemalloc dump")
+        if args.profile == "pyspy":
+            if collapsed.exists():
                 print(summarize_collapsed(collapsed))
                 if args.keep:
                     Path(args.keep).write_text(collapsed.read_text())
-            await raw.close()
-        finally:
-            if spy is not None and spy.poll() is None:
-                spy.kill()
-            b.stop_daemon(daemon)
-            with contextlib.suppress(OSError):
-                tail = log.read_text().splitlines()[-5:]
-                if any("Traceback" in line or "ERROR" in line for line in tail):
-                    print("\n".join(tail))
+            else:
+                print("py-spy wrote nothing (is it installed? --py-spy PATH)")
+    print(f"load at end: {h.loadavg()}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--load", choices=sorted(LOADS), default="big")
+    parser.add_argument("--load", choices=sorted(LOADS), default="status1")
     parser.add_argument("--profile", choices=["pyspy", "tracemalloc", "none"], default="none")
-    parser.add_argument("--fsync", choices=["never", "always"], default="never")
-    parser.add_argument("--calls", type=int, default=256, help="calls per phase")
+    parser.add_argument("--fsync", choices=h.FSYNC_MODES, default="never")
+    parser.add_argument("--calls", type=int, default=500, help="calls per phase")
     parser.add_argument("--phases", type=int, default=2)
     parser.add_argument(
         "--patch",
@@ -248,16 +227,15 @@ def main() -> None:
         choices=sorted(PATCHES),
         help="apply an experimental fix in the daemon process",
     )
-    parser.add_argument(
-        "--with-raw",
-        action="store_true",
-        help="interleave raw asyncssh phases (the floor) with the daemon's",
-    )
+    parser.add_argument("--with-raw", action="store_true", help="interleave raw asyncssh phases")
     parser.add_argument("--frames", type=int, default=1, help="tracemalloc frames")
-    parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
+    parser.add_argument(
+        "--py-spy", default=str(Path(sys.executable).with_name("py-spy")), help="py-spy binary"
+    )
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the daemon")
     parser.add_argument("--keep", default="", help="also save py-spy's collapsed stacks here")
-    asyncio.run(amain(parser.parse_args()))
+    h.run(amain(parser.parse_args()))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,171 @@
+"""Large outputs judged off the event loop, in worker processes.
+
+Stages 6-10 of a large output (strict parse, schema, checks, projection, and
+serializing the envelope) are tens of milliseconds of pure CPU per MiB, and
+orjson and jsonschema-rs hold the GIL the whole time, so a thread would not
+help: on the event loop they stall every other caller's small call behind one
+agent's 8 MB pull. Outputs over ``OFFLOAD_ABOVE_BYTES`` are therefore judged in
+a small pool of worker processes, so the loop, and with it every small call, is
+free while they work. (They keep the daemon's CPU priority: the shipped unit's
+system call filter leaves setpriority out, and the scheduler already favours the
+loop, which sleeps between packets, over a worker that computes.) A worker
+builds its registry from the very bytes the daemon loaded (``RegistrySource``),
+so it judges by exactly the contract the daemon serves, reloads included. It
+returns only the sealed response line, the verdict's fields and the digests of
+the output; the parsed value never crosses back.
+
+If the pool breaks (a worker killed), the output is judged in the daemon
+instead, and a new pool is started: the answer is late, never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import logging
+import multiprocessing
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Final
+
+from sshadapter.evaluate import Sealed, Verdict, evaluate, seal_line
+from sshadapter.registry import Operation, Registry, RegistrySource, build_registry
+from sshadapter.runners.interface import RunResult
+
+log = logging.getLogger(__name__)
+
+# Below this the whole judgement costs well under a millisecond in the loop, less than
+# the round trip to a worker; above it the work grows ~25 ms per MiB.
+OFFLOAD_ABOVE_BYTES: Final = 64 * 1024
+_CACHED_REGISTRIES: Final = 2  # in a worker: the current set and the one before a reload
+
+_registries: dict[str, Registry] = {}  # a worker's registries, by source digest
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """One attempt's evidence, judged: the verdict and what the audit says of the bytes."""
+
+    verdict: Verdict
+    evidence: Mapping[str, Any]
+
+
+def evidence_of(run: RunResult) -> dict[str, Any]:
+    """What the audit says of the bytes that came back: sizes and digests, never the bytes."""
+    return {
+        "exit_status": run.exit_status,
+        "stdout_bytes": len(run.stdout),
+        "stdout_sha256": hashlib.sha256(run.stdout).hexdigest(),
+        "stderr_bytes": len(run.stderr),
+        "stderr_sha256": hashlib.sha256(run.stderr).hexdigest(),
+        "transport_error": None,
+    }
+
+
+class Judge:
+    """Stages 6-10 for the Service: in the loop for small outputs, in a worker for large."""
+
+    def __init__(self, workers: int) -> None:
+        """``workers`` = 0: everything is judged in the loop."""
+        self.workers = workers
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def start(self, registry: Registry) -> None:
+        """Start the workers and have each build ``registry`` ahead of the first large output."""
+        if self.workers and self._pool is None:
+            self._pool = _new_pool(self.workers)
+        if self._pool is not None:
+            for _ in range(self.workers):
+                self._pool.submit(_warm, registry.source)
+
+    async def judge(
+        self,
+        registry: Registry,
+        op: Operation,
+        args: Mapping[str, Any],
+        run: RunResult,
+        now: datetime,
+        request_id: str,
+    ) -> Judged:
+        pool = self._pool
+        if pool is None or len(run.stdout) <= OFFLOAD_ABOVE_BYTES:
+            return Judged(evaluate(op, args, run, now), evidence_of(run))
+        loop = asyncio.get_running_loop()
+        try:
+            fields, sealed, evidence = await loop.run_in_executor(
+                pool, _judge, registry.source, op.name, dict(args), run, now, request_id
+            )
+        except concurrent.futures.BrokenExecutor:
+            log.error("evaluation worker died: judging %s in the daemon, new workers", request_id)
+            self._restart(registry)
+            return Judged(evaluate(op, args, run, now), evidence_of(run))
+        return Judged(replace(Verdict(**fields), sealed=sealed), evidence)
+
+    def _restart(self, registry: Registry) -> None:
+        old, self._pool = self._pool, None
+        if old is not None:
+            old.shutdown(wait=False, cancel_futures=True)
+        self.start(registry)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+    # spawn, not fork: the daemon has threads (metrics listener, fsync hand-offs), and a
+    # forked child of a threaded process may inherit a lock held by one of them.
+    return concurrent.futures.ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_init_worker,
+    )
+
+
+def _init_worker() -> None:
+    """In the worker: leave SIGTERM and SIGINT to the daemon, which drains and then stops us."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _registry(source: RegistrySource) -> Registry:
+    digest = source.digest
+    registry = _registries.get(digest)
+    if registry is None:
+        registry = build_registry(source, hosts=None)  # the daemon checked the hosts
+        while len(_registries) >= _CACHED_REGISTRIES:
+            _registries.pop(next(iter(_registries)))
+        _registries[digest] = registry
+    return registry
+
+
+def _warm(source: RegistrySource) -> None:
+    _registry(source)
+
+
+def _judge(
+    source: RegistrySource,
+    name: str,
+    args: dict[str, Any],
+    run: RunResult,
+    now: datetime,
+    request_id: str,
+) -> tuple[dict[str, Any], Sealed, dict[str, Any]]:
+    """In a worker: evaluate and seal; only the line and the verdict's fields go back."""
+    op = _registry(source).operations[name]
+    verdict = evaluate(op, args, run, now)
+    sealed = seal_line(op, request_id, verdict)
+    fields = {
+        "code": verdict.code,
+        "retryable": verdict.retryable,
+        "stage": verdict.stage,
+        "reason": verdict.reason,
+        "detail": verdict.detail,
+        "schema_path": verdict.schema_path,
+        "instance_path": verdict.instance_path,
+    }
+    return fields, sealed, evidence_of(run)

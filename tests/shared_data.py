@@ -1,0 +1,19 @@
+"""Where the shared test data lives: other projects' corpora, used from there, never copied here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def find_shared(subdir: Path) -> Path | None:
+    """SSHADAPTER_SHARED/subdir if set, else shared/subdir beside the repository (resolved or as
+    seen), or None when no candidate is a directory."""
+    if env := os.environ.get("SSHADAPTER_SHARED"):
+        return Path(env) / subdir
+    candidates = [
+        Path(__file__).resolve().parents[2] / "shared",
+        Path(__file__).absolute().parents[1] / ".." / "shared",
+        Path.cwd() / ".." / "shared",
+    ]
+    return next((c / subdir for c in candidates if (c / subdir).is_dir()), None)
