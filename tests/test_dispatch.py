@@ -389,6 +389,111 @@ def test_a_policy_edited_by_hand_or_cut_short_is_refused(tmp_path: Path) -> None
         dispatcher.read_policy(str(tmp_path / "missing.json"))
 
 
+def _broken(change: Any) -> dict[str, Any]:
+    """A one-operation policy with one thing wrong, sealed with a correct digest."""
+    operation: dict[str, Any] = {
+        "argv": ["cat", {"param": "p", "prefix": "--p="}],
+        "params": {"p": {"type": "string", "pattern": "\\A[a-z]+\\Z"}},
+    }
+    change(operation)
+    return sealed({"operations": {"x": operation}})
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda op: op.update(argv="cat"),
+        lambda op: op.update(argv=[]),
+        lambda op: op.update(argv=[{"param": "p"}]),
+        lambda op: op.update(extra=1),
+        lambda op: op["argv"].append(["list"]),
+        lambda op: op["argv"][1].update(other="x"),
+        lambda op: op["argv"][1].update(prefix=5),
+        lambda op: op["argv"][1].update(param="q"),
+        lambda op: op["params"].update(q={"type": "string", "enum": ["a"]}),
+        lambda op: op.update(params={"P": op["params"]["p"]}),
+        lambda op: op["params"].update(p="string"),
+        lambda op: op["params"]["p"].update(type="number"),
+        lambda op: op["params"]["p"].update(format="email"),
+        lambda op: op["params"]["p"].update(pattern=5),
+        lambda op: op["params"]["p"].update(minLength=-1),
+        lambda op: op["params"]["p"].update(maxLength=True),
+        lambda op: op["params"].update(p={"type": "integer", "minimum": 1.5}),
+        lambda op: op["params"].update(p={"type": "integer", "multipleOf": 0}),
+        lambda op: op["params"]["p"].update(enum="a"),
+        lambda op: op["params"]["p"].update(minimum=1),  # not a keyword strings take here
+    ],
+)
+def test_a_policy_entry_the_dispatcher_would_not_enforce_exactly_is_refused(change: Any) -> None:
+    """Every rule of the policy's shape: a wrong key, type or keyword refuses everything."""
+    with pytest.raises(dispatcher.Refused, match="policy_invalid"):
+        dispatcher.check_policy(_broken(change))
+
+
+def test_a_policy_whose_host_or_operations_are_not_what_they_should_be_is_refused() -> None:
+    """The document's own fields are checked as strictly as each operation."""
+    good = _broken(lambda op: None)
+    dispatcher.check_policy(good)
+    for key, value in (("host", 5), ("operations", [])):
+        body = {k: v for k, v in good.items() if k != "digest"}
+        body[key] = value
+        with pytest.raises(dispatcher.Refused, match="policy_invalid"):
+            dispatcher.check_policy({**body, "digest": policy.digest(body)})
+    for value in (None, [], {"format": policy.POLICY_FORMAT}):
+        with pytest.raises(dispatcher.Refused, match="policy_invalid"):
+            dispatcher.check_policy(value)
+
+
+def test_a_pattern_python_cannot_compile_refuses_when_it_is_needed() -> None:
+    """Patterns are compiled on use (start-up time): a broken one then refuses everything."""
+    doc = _broken(lambda op: op["params"]["p"].update(pattern="("))
+    dispatcher.check_policy(doc)
+    assert refusal(doc, b"cat --p=abc") == "policy_invalid"
+
+
+# main(), in this process: everything but running a program (that replaces the process).
+
+
+@pytest.fixture
+def in_process(monkeypatch: pytest.MonkeyPatch, capsysbinary: pytest.CaptureFixture[bytes]) -> Any:
+    def run(command: str | None, *argv: str) -> tuple[int, bytes, bytes]:
+        if command is None:
+            monkeypatch.delenv("SSH_ORIGINAL_COMMAND", raising=False)
+        else:
+            monkeypatch.setenv("SSH_ORIGINAL_COMMAND", command)
+        status = dispatcher.main(list(argv))
+        out, err = capsysbinary.readouterr()
+        return status, out, err
+
+    return run
+
+
+def test_main_refuses_answers_and_logs_in_process(in_process: Any, tmp_path: Path) -> None:
+    """main() for each way a command ends without running anything, and the digest answer."""
+    path = str(write_policy(tmp_path / "p.json", REGISTRY.policies["local"]))
+    log = tmp_path / "log"
+    with syslog_listener(log) as listener:
+        for command, reason in ((None, "no_command"), ("cat /etc/shadow", "no_match")):
+            status, out, err = in_process(command, "--log-socket", str(log), path)
+            assert (status, out) == (dispatcher.REFUSED_STATUS, b"")
+            assert REFUSAL.fullmatch(err.decode())["reason"] == reason  # type: ignore[index]
+        status, out, err = in_process(policy.DIGEST_COMMAND, path)
+        assert status == 0 and json.loads(out)["digest"] == REGISTRY.policies["local"]["digest"]
+        status, _, err = in_process("cat /proc/loadavg")
+        assert status == dispatcher.REFUSED_STATUS and b"(bad_invocation)" in err
+        lines = read_log(listener)
+    assert [line.split("reason=")[1].split()[0] for line in lines] == ["no_command", "no_match"]
+    dispatcher.log("lost", dispatcher.LOG_INFO, str(tmp_path / "nobody-listens"))  # no error
+
+
+def test_main_cuts_a_decision_over_its_cpu_budget(in_process: Any, tmp_path: Path) -> None:
+    """The budget in this process: a backtracking pattern is refused as too_costly."""
+    doc = _broken(lambda op: op["params"]["p"].update(pattern=translate("^(a|a)*$")))
+    path = str(write_policy(tmp_path / "p.json", doc))
+    status, _, err = in_process("cat " + shlex.quote("--p=" + "a" * 40 + "!"), path)
+    assert status == dispatcher.REFUSED_STATUS and b"(too_costly)" in err
+
+
 # The file as sshd runs it ----------------------------------------------------------------
 
 
