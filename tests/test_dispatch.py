@@ -439,9 +439,10 @@ def test_a_policy_whose_host_or_operations_are_not_what_they_should_be_is_refuse
         body[key] = value
         with pytest.raises(dispatcher.Refused, match="policy_invalid"):
             dispatcher.check_policy({**body, "digest": policy.digest(body)})
-    for value in (None, [], {"format": policy.POLICY_FORMAT}):
+    not_documents: tuple[Any, ...] = (None, [], {"format": policy.POLICY_FORMAT})
+    for document in not_documents:
         with pytest.raises(dispatcher.Refused, match="policy_invalid"):
-            dispatcher.check_policy(value)
+            dispatcher.check_policy(document)
 
 
 def test_a_pattern_python_cannot_compile_refuses_when_it_is_needed() -> None:
