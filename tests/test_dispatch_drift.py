@@ -118,16 +118,8 @@ def test_a_policy_one_operation_behind_is_detected_counted_and_refused(tmp_path:
         assert (await d.ask(JOB))["outcome"] == "success"  # the others go on
         labels = {"tool": "review_status", "reason": "policy_drift"}
         assert metric(d, "sshadapter_dispatch_refusals_total", **labels) == 1
-        assert (
-            metric(
-                d,
-                "sshadapter_calls_total",
-                tool="review_status",
-                outcome="failure",
-                code="UPSTREAM_UNAVAILABLE",
-            )
-            == 1
-        )
+        failed = {"tool": "review_status", "outcome": "failure", "code": "UPSTREAM_UNAVAILABLE"}
+        assert metric(d, "sshadapter_calls_total", **failed) == 1
 
         # Policy on the host first, then the daemon's reload: checked again, and released.
         runner.table[policy.DIGEST_COMMAND] = answer(CI_POLICY)
@@ -163,16 +155,8 @@ def test_the_dispatchers_refusal_is_remote_refused_never_success_never_retried(
         assert runner.calls.count(JOB_COMMAND) == 1
         labels = {"tool": "job_run_status", "reason": "remote_refused"}
         assert metric(d, "sshadapter_dispatch_refusals_total", **labels) == 1
-        assert (
-            metric(
-                d,
-                "sshadapter_rejections_total",
-                tool="job_run_status",
-                stage="exit",
-                reason="remote_refused",
-            )
-            == 0
-        )  # not bad evidence: the host said no
+        evidence = {"tool": "job_run_status", "stage": "exit", "reason": "remote_refused"}
+        assert metric(d, "sshadapter_rejections_total", **evidence) == 0  # not bad evidence
         # Checked at warm-up a moment ago: no second question yet. Later, a refusal asks again.
         assert runner.calls.count(policy.DIGEST_COMMAND) == 1
         now[0] += RECHECK_AFTER_REFUSAL_SECONDS
