@@ -1,4 +1,5 @@
-"""The command line: ``sshadapter serve | call | list | mcp | check | schema | demo | audit``.
+"""The command line: ``sshadapter serve | call | list | mcp | check | schema | policy |
+dispatcher | demo | audit``.
 
 Exit status: 0 success, 1 a check missed or a call failed, 2 a usage or
 configuration error. An operator's mistake is one line naming the file, the
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -75,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="lint commands and schemas, run fixtures and near-misses")
     _add_config(check)
     check.add_argument("--json", action="store_true", help="print the report as a JSON list")
+    check.add_argument(
+        "--hosts",
+        action="store_true",
+        help="also connect to every dispatch host and compare its policy with ours",
+    )
     check.set_defaults(handler=_cmd_check)
 
     serve = sub.add_parser("serve", help="run the daemon")
@@ -119,6 +126,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_config(verify)
     verify.set_defaults(handler=_cmd_audit_verify)
+
+    policy_ = sub.add_parser("policy", help="print the dispatch policy of one host alias (JSON)")
+    _add_config(policy_)
+    policy_.add_argument("host", metavar="HOST_ALIAS")
+    policy_.set_defaults(handler=_cmd_policy)
+
+    dispatcher = sub.add_parser("dispatcher", help="write out the host's sshadapter-dispatch")
+    dispatcher.add_argument(
+        "--write", type=Path, required=True, metavar="PATH", help="the file to write (mode 0755)"
+    )
+    dispatcher.set_defaults(handler=_cmd_dispatcher)
 
     schema = sub.add_parser("schema", help="print a tool's published envelope schema")
     _add_config(schema)
@@ -227,8 +245,14 @@ def _load(args: argparse.Namespace) -> tuple[Config, Registry]:
     return _load_with_path(args)[1:]
 
 
-def _load_with_path(args: argparse.Namespace) -> tuple[Path | None, Config, Registry]:
-    """The configuration file used (None: built-in defaults), it, and its registry."""
+def _load_with_path(
+    args: argparse.Namespace, *, also_dispatch: str = ""
+) -> tuple[Path | None, Config, Registry]:
+    """The configuration file used (None: built-in defaults), it, and its registry.
+
+    ``also_dispatch``: a host alias whose policy is wanted before it is marked `dispatch`.
+    """
+    from sshadapter import policy
     from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
     from sshadapter.registry import load_registry
 
@@ -238,7 +262,12 @@ def _load_with_path(args: argparse.Namespace) -> tuple[Path | None, Config, Regi
     config, _ = load_config(path)
     # Without a config file there are no [hosts] to check host aliases against.
     hosts = config.hosts.keys() if path is not None else None
-    registry = load_registry(config.paths.commands, config.paths.schemas, hosts=hosts)
+    if also_dispatch and also_dispatch not in config.hosts:
+        raise ConfigError(str(path or "<defaults>"), f"hosts.{also_dispatch}", "no such host")
+    dispatch_hosts = policy.dispatch_hosts(config) | ({also_dispatch} if also_dispatch else set())
+    registry = load_registry(
+        config.paths.commands, config.paths.schemas, hosts=hosts, dispatch_hosts=dispatch_hosts
+    )
     return path, config, registry
 
 
@@ -250,7 +279,7 @@ def _load_for_check(args: argparse.Namespace) -> tuple[Path | None, Registry]:
 def _cmd_check(args: argparse.Namespace) -> int:
     from sshadapter.check import check_registry, format_table, warnings
 
-    config_path, registry = _load_for_check(args)
+    config_path, config, registry = _load_with_path(args)
     rows = check_registry(registry)
     for warning in warnings(registry):  # not a miss: the exit status stays the table's
         print(f"sshadapter: warning: {warning}", file=sys.stderr)
@@ -260,13 +289,44 @@ def _cmd_check(args: argparse.Namespace) -> int:
             "(give --config to check them)",
             file=sys.stderr,
         )
+    hosts = []
+    if args.hosts:  # the one part of `check` that talks to hosts (docs/dispatcher.md)
+        from sshadapter.drift import check_hosts, format_hosts
+
+        hosts = asyncio.run(check_hosts(config, registry))
     if args.json:
-        sys.stdout.buffer.write(
-            orjson.dumps([r.as_json() for r in rows], option=orjson.OPT_INDENT_2) + b"\n"
-        )
+        report = [r.as_json() for r in rows] + [h.as_json() for h in hosts]
+        sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
     else:
         print(format_table(rows))
-    return EXIT_OK if all(r.ok for r in rows) else EXIT_FAILED
+        if args.hosts:
+            print(format_hosts(hosts))
+    return EXIT_OK if all(r.ok for r in rows) and all(h.ok for h in hosts) else EXIT_FAILED
+
+
+def _cmd_policy(args: argparse.Namespace) -> int:
+    """Every operation of one host alias as its dispatcher enforces it (docs/dispatcher.md)."""
+    _, _, registry = _load_with_path(args, also_dispatch=args.host)
+    document = registry.policies[args.host]
+    sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
+    return EXIT_OK
+
+
+def _cmd_dispatcher(args: argparse.Namespace) -> int:
+    """Write the host's dispatcher (one stdlib-only file) to PATH, mode 0755."""
+    from sshadapter import policy
+
+    source = policy.dispatcher_source()
+    path: Path = args.write
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o755)
+        with os.fdopen(fd, "wb") as out:
+            out.write(source)
+            os.fchmod(out.fileno(), 0o755)  # also when it existed with another mode
+    except OSError as exc:
+        print(f"sshadapter: {path}: {exc.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:

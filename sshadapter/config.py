@@ -109,6 +109,8 @@ class HostSection(_Section):
         DEFAULT_MAX_CHANNELS_PER_CONNECTION
     )
     keepalive_seconds: Annotated[float, Field(gt=0)] = DEFAULT_KEEPALIVE_SECONDS
+    # The host runs sshadapter-dispatch as the key's forced command (docs/dispatcher.md).
+    dispatch: bool = False
 
 
 class ConfigFile(_Section):

@@ -37,10 +37,11 @@ from typing import Final
 
 from prometheus_client import start_http_server
 
-from sshadapter import __version__, systemd
+from sshadapter import __version__, policy, systemd
 from sshadapter.audit import AuditLog, now_text
 from sshadapter.authorize import Peer
 from sshadapter.config import Config, load_config
+from sshadapter.drift import PolicyMonitor
 from sshadapter.errors import ConfigError, UpstreamError
 from sshadapter.metrics import Metrics
 from sshadapter.offload import Judge
@@ -224,6 +225,8 @@ class Daemon:
                 backlog=SOCKET_BACKLOG,
             )
             warming = [asyncio.create_task(self._warm(alias)) for alias in self.config.hosts]
+            if self.service.dispatch is not None:
+                warming.append(asyncio.create_task(self.service.dispatch.watch()))
             self.state = State.SERVING
             self.ready.set()
             systemd.notify("READY=1")
@@ -233,6 +236,8 @@ class Daemon:
             await self._stopping.wait()
             for task in warming:
                 task.cancel()
+            if self.service.dispatch is not None:
+                await self.service.dispatch.close()
             await self.shutdown()
         finally:
             for sig in _SIGNALS:
@@ -298,6 +303,7 @@ class Daemon:
                 self.config.paths.commands,
                 self.config.paths.schemas,
                 hosts=self.config.hosts.keys(),
+                dispatch_hosts=policy.dispatch_hosts(self.config),
             )
         except ConfigError as exc:
             log.error(
@@ -306,6 +312,9 @@ class Daemon:
             self.service.metrics.reloads.labels("failure").inc()
         else:
             self.service.install(registry)
+            if self.service.dispatch is not None:  # hosts first, then the reload: check them
+                self.service.dispatch.expect(registry.policies)
+                self.service.dispatch.check_soon()
             self.service.metrics.reloads.labels("success").inc()
             log.info("reloaded %d tools", len(registry.operations))
         try:
@@ -315,11 +324,17 @@ class Daemon:
         systemd.notify("READY=1")
 
     async def _warm(self, alias: str) -> None:
-        """Open the first connection before the first call needs it; a failure is only logged."""
+        """Open the first connection before the first call needs it; a failure is only logged.
+
+        A dispatch host is then asked for its policy (sshadapter/drift.py).
+        """
         try:
             await self.runner.warm(alias)
         except UpstreamError as exc:
             log.warning("host %s not reachable yet: %s", alias, exc)
+        monitor = self.service.dispatch
+        if monitor is not None and alias in monitor.hosts:
+            await monitor.check(alias)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -450,7 +465,13 @@ def assemble(
     configuration's ``evaluation_workers`` gives (tests watch it). Raises ConfigError
     naming the path and the reason when a file or directory cannot be used.
     """
-    registry = load_registry(config.paths.commands, config.paths.schemas, hosts=config.hosts.keys())
+    dispatch_hosts = policy.dispatch_hosts(config)
+    registry = load_registry(
+        config.paths.commands,
+        config.paths.schemas,
+        hosts=config.hosts.keys(),
+        dispatch_hosts=dispatch_hosts,
+    )
     metrics = Metrics()
     audit = AuditLog(config.audit.path, fsync=config.audit.fsync)
     audit.open()
@@ -469,6 +490,10 @@ def assemble(
         )
         metrics.watch_connections(ssh.connections)
         runner = ssh
+    monitor = None
+    if dispatch_hosts:  # docs/dispatcher.md "Drift"
+        monitor = PolicyMonitor(runner, metrics)
+        monitor.expect(registry.policies)
     service = Service(
         registry,
         runner,
@@ -482,6 +507,7 @@ def assemble(
         clock=clock,
         sleep=sleep,
         judge=judge or Judge(config.server.evaluation_workers),
+        dispatch=monitor,
     )
     return Daemon(config, service, runner, audit)
 

@@ -1,21 +1,27 @@
 """`sshadapter demo`: the whole path, on this machine, with nothing to set up.
 
-An embedded SSH server (asyncssh, 127.0.0.1, keys made in a temporary
-directory) plays two remote hosts: ``local`` runs the example commands for
-real on this machine (df, cat /proc/loadavg, findmnt, systemctl), and ``ci``
-plays a CI, review and deployment system whose answers include the article's
-failure modes. The daemon runs on a temporary socket with the shipped
-``commands/`` and ``schemas/``, a client makes calls an agent would make, the
-rejection counts are printed, and then an MCP host's session goes through
-``sshadapter mcp`` (list and two calls). Everything is removed afterwards.
+Embedded SSH servers (asyncssh, 127.0.0.1, keys made in a temporary
+directory) play two remote hosts: ``local`` runs the example commands for
+real on this machine (df, cat /proc/loadavg, findmnt, systemctl) behind the
+host dispatcher (sshadapter-dispatch, as its key's forced command would run
+it: the client's command in ``SSH_ORIGINAL_COMMAND``, the policy that
+``sshadapter policy local`` prints), and ``ci`` plays a CI, review and
+deployment system whose answers include the article's failure modes. The
+daemon runs on a temporary socket with the shipped ``commands/`` and
+``schemas/``, a client makes calls an agent would make, a thief with the
+adapter's key tries raw commands on ``local``, the rejection counts are
+printed, and then an MCP host's session goes through ``sshadapter mcp`` (list
+and two calls). Everything is removed afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shlex
+import socket
 import sys
 import tempfile
 from collections.abc import Callable
@@ -26,6 +32,7 @@ from typing import Any, Final
 import asyncssh
 import orjson
 
+from sshadapter import policy
 from sshadapter.config import (
     Allow,
     AuditSection,
@@ -35,10 +42,10 @@ from sshadapter.config import (
     ServerSection,
 )
 from sshadapter.daemon import assemble, bind_socket
+from sshadapter.registry import load_registry
 from sshadapter.rfc3339 import format_rfc3339
 
-LOCAL_COMMANDS: Final = frozenset({"df", "cat", "findmnt", "systemctl"})
-LOCAL_TIMEOUT_SECONDS: Final = 10.0
+LOCAL_TIMEOUT_SECONDS: Final = 10.0  # the dispatcher and one of the local commands
 
 
 def _ago(minutes: float) -> str:
@@ -87,35 +94,60 @@ def _ci_answer(argv: list[str]) -> tuple[bytes, int]:
     return b"", 127
 
 
-def _program(argv: list[str]) -> str | None:
-    """The program an argv runs: past `env` and its NAME=value words (disk_usage pins LC_ALL)."""
-    words = argv[1:] if argv[:1] == ["env"] else argv
-    return next((word for word in words if "=" not in word), None)
-
-
 async def _serve_process(process: asyncssh.SSHServerProcess[bytes]) -> None:
-    """Run one command: `local` ones for real (no shell), `ci` ones from the script above."""
+    """The `ci` host: answer each command from the script above (no shell, nothing run)."""
     argv = shlex.split(process.command or "")
-    status = 127
-    try:
-        if _program(argv) in LOCAL_COMMANDS:
-            child = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-            out, err = await asyncio.wait_for(child.communicate(), LOCAL_TIMEOUT_SECONDS)
-            process.stdout.write(out)
-            process.stderr.write(err)
-            status = child.returncode or 0
-        elif argv:
-            out, status = _ci_answer(argv)
-            process.stdout.write(out)
-    except (OSError, TimeoutError) as exc:
-        process.stderr.write(f"{type(exc).__name__}\n".encode())
-        status = 126
+    out, status = _ci_answer(argv) if argv else (b"", 127)
+    process.stdout.write(out)
     process.exit(status)
+
+
+async def _dispatch_process(host: _DispatchHost, process: asyncssh.SSHServerProcess[bytes]) -> None:
+    """What sshd does with a forced command: run sshadapter-dispatch, command in the env."""
+    env = {"HOME": os.environ.get("HOME", "/"), "USER": os.environ.get("USER", "demo")}
+    if process.command is not None:
+        env["SSH_ORIGINAL_COMMAND"] = process.command
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-IS",
+        str(host.dispatcher),
+        "--log-socket",
+        str(host.log_socket),
+        str(host.policy_file),
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(child.communicate(), LOCAL_TIMEOUT_SECONDS)
+    process.stdout.write(out)
+    process.stderr.write(err)
+    process.exit(child.returncode or 0)
+
+
+class _DispatchHost:
+    """The files of the host behind the dispatcher, and its syslog (a socket read here)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.dispatcher = workdir / "sshadapter-dispatch"
+        self.dispatcher.write_bytes(policy.dispatcher_source())
+        self.dispatcher.chmod(0o755)
+        self.policy_file = workdir / "policy.json"
+        self.log_socket = workdir / "log"
+        self._log = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._log.bind(str(self.log_socket))
+        self._log.setblocking(False)
+        self.lines: list[str] = []
+        asyncio.get_running_loop().add_reader(self._log, self._read)
+
+    def _read(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                self.lines.append(self._log.recv(65536).decode("ascii", "replace"))
+
+    def close(self) -> None:
+        asyncio.get_running_loop().remove_reader(self._log)
+        self._log.close()
 
 
 class _DemoServer(asyncssh.SSHServer):
@@ -123,12 +155,10 @@ class _DemoServer(asyncssh.SSHServer):
         return True  # public key auth against the authorized key given to create_server
 
 
-async def _start_target(workdir: Path) -> tuple[asyncssh.SSHAcceptor, int, Path, Path]:
+async def _start_target(
+    workdir: Path, client_key: asyncssh.SSHKey, process_factory: Any, name: str
+) -> tuple[asyncssh.SSHAcceptor, int, Path]:
     host_key = asyncssh.generate_private_key("ssh-ed25519")
-    client_key = asyncssh.generate_private_key("ssh-ed25519")
-    client_key_path = workdir / "client_key"
-    client_key.write_private_key(str(client_key_path))
-    os.chmod(client_key_path, 0o600)
     server = await asyncssh.create_server(
         _DemoServer,
         "127.0.0.1",
@@ -137,13 +167,13 @@ async def _start_target(workdir: Path) -> tuple[asyncssh.SSHAcceptor, int, Path,
         authorized_client_keys=asyncssh.import_authorized_keys(
             client_key.export_public_key().decode()
         ),
-        process_factory=_serve_process,
+        process_factory=process_factory,
         encoding=None,
     )
     port = server.sockets[0].getsockname()[1]
-    known_hosts = workdir / "known_hosts"
+    known_hosts = workdir / f"known_hosts.{name}"
     known_hosts.write_bytes(f"[127.0.0.1]:{port} ".encode() + host_key.export_public_key())
-    return server, port, client_key_path, known_hosts
+    return server, port, known_hosts
 
 
 CALLS: Final[list[tuple[str, str, dict[str, Any]]]] = [
@@ -185,19 +215,39 @@ CALLS: Final[list[tuple[str, str, dict[str, Any]]]] = [
 ]
 
 
+# What a thief holding the adapter's key tries on `local`, next to what the daemon sends.
+RAW_COMMANDS: Final[list[tuple[str, str]]] = [
+    ("a stolen key asks for a shell", "sh"),
+    ("a stolen key chains a command onto an operation", "cat /proc/loadavg; id"),
+    ("a stolen key reads a file no operation names", "cat /etc/shadow"),
+    ("the daemon's own command for load_average", "cat /proc/loadavg"),
+]
+
+
 async def run_demo(out: Callable[[str], None] = print) -> int:
     root = _examples_root()
     with tempfile.TemporaryDirectory(prefix="sshadapter-demo-") as tmp:
         workdir = Path(tmp)
-        server, port, client_key, known_hosts = await _start_target(workdir)
+        client = asyncssh.generate_private_key("ssh-ed25519")
+        client_key = workdir / "client_key"
+        client.write_private_key(str(client_key))
+        os.chmod(client_key, 0o600)
+        dispatch_host = _DispatchHost(workdir)
+        ci_server, ci_port, ci_known = await _start_target(workdir, client, _serve_process, "ci")
+        local_server, local_port, local_known = await _start_target(
+            workdir, client, functools.partial(_dispatch_process, dispatch_host), "local"
+        )
         commands = _demo_commands(root / "commands", workdir / "commands")
-        host = HostSection(
+        target = functools.partial(
+            HostSection,
             address="127.0.0.1",
-            port=port,
             user=os.environ.get("USER") or "demo",
             client_keys=(client_key,),
-            known_hosts=known_hosts,
         )
+        hosts = {
+            "ci": target(port=ci_port, known_hosts=ci_known),
+            "local": target(port=local_port, known_hosts=local_known, dispatch=True),
+        }
         config = Config(
             server=ServerSection(
                 socket_path=workdir / "sshadapter.sock", allow=Allow(uids=(os.getuid(),))
@@ -206,14 +256,20 @@ async def run_demo(out: Callable[[str], None] = print) -> int:
             audit=AuditSection(
                 path=workdir / "audit.jsonl", fsync="never", quarantine_dir=workdir / "quarantine"
             ),
-            hosts={"ci": host, "local": host},
+            hosts=hosts,
         )
+        # On a real host: sshadapter policy local > policy.json, copied there before the reload.
+        registry = load_registry(
+            commands, root / "schemas", hosts=hosts.keys(), dispatch_hosts=("local",)
+        )
+        dispatch_host.policy_file.write_bytes(policy.canonical_json(registry.policies["local"]))
         daemon = assemble(config)
         service = daemon.service
         sock = bind_socket(config.server.socket_path, 0o600, "")
         serving = asyncio.create_task(daemon.serve(sock))
         out(
-            f"sshadapter demo: SSH target on 127.0.0.1:{port}, daemon on "
+            f"sshadapter demo: SSH targets ci on 127.0.0.1:{ci_port} and local on "
+            f"127.0.0.1:{local_port} (behind sshadapter-dispatch), daemon on "
             f"{config.server.socket_path}, {len(service.registry.operations)} tools\n"
         )
         try:
@@ -227,19 +283,48 @@ async def run_demo(out: Callable[[str], None] = print) -> int:
                 if response.get("outcome") == "failure":
                     out(f"  operator's audit record: {_audit_reason(config.audit.path, response)}")
                 out("")
-            out("the rejection counters an operator scrapes (sshadapter_rejections_total):")
+            await _raw_commands(hosts["local"], dispatch_host, out)
+            out("the counters an operator scrapes (rejections, and policy checks of local):")
             for line in service.metrics.exposition().decode().splitlines():
-                if line.startswith("sshadapter_rejections_total"):
+                if line.startswith(("sshadapter_rejections_total", "sshadapter_dispatch_policy")):
                     out("  " + line)
             out("")
             await _mcp_session(config.server.socket_path, out)
         finally:
             daemon.stop()
             await serving
-            server.close()
-            with contextlib.suppress(Exception):
-                await server.wait_closed()
+            for server in (ci_server, local_server):
+                server.close()
+                with contextlib.suppress(Exception):
+                    await server.wait_closed()
+            dispatch_host.close()
     return 0
+
+
+async def _raw_commands(
+    host: HostSection, dispatch_host: _DispatchHost, out: Callable[[str], None]
+) -> None:
+    """The adapter's key used directly, as a thief would: only declared operations run."""
+    async with asyncssh.connect(
+        host.address,
+        host.port,
+        username=host.user,
+        client_keys=[str(key) for key in host.client_keys],
+        known_hosts=str(host.known_hosts),
+        config=None,
+    ) as conn:
+        for why, command in RAW_COMMANDS:
+            dispatch_host.lines.clear()
+            done = await conn.run(command, check=False, stdin=asyncssh.DEVNULL, encoding="utf-8")
+            await asyncio.sleep(0.05)  # the host's log line, sent before the dispatcher exits
+            out(f"# {why}\n$ ssh local {shlex.quote(command)}")
+            for stream in (done.stdout, done.stderr):
+                for line in str(stream).splitlines():
+                    out(line)
+            out(f"exit status {done.exit_status}")
+            for line in dispatch_host.lines:
+                out(f"  the host's log: {line.split(': ', 1)[-1]}")
+            out("")
 
 
 MCP_CALLS: Final[list[tuple[str, dict[str, Any]]]] = [

@@ -5,6 +5,7 @@
     ├── RequestError      the caller: an unparseable request, unknown tool, bad arguments
     │   └── DeniedError   the caller may not call this tool
     ├── UpstreamError     the remote side: cannot connect, timeout, channel failure
+    ├── DispatchRefusal   the remote side's policy: the host's dispatcher will not run it
     ├── EvidenceError     the output: anything wrong with the bytes that came back
     └── DaemonError       the daemon itself
         ├── OverloadedError   every call slot is busy and the queue is full
@@ -150,6 +151,14 @@ TRANSPORT_REASONS: Final = frozenset(
     }
 )
 
+# Why a call to a dispatch host (`dispatch = true`) was refused; docs/dispatcher.md. Both
+# give UPSTREAM_UNAVAILABLE, never retryable: the same command stays refused until an
+# operator changes a policy, exactly like a refused key (auth_failed).
+DISPATCH_REASONS: Final[dict[str, frozenset[str]]] = {
+    "transport": frozenset({"policy_drift"}),  # the host's policy for it differs: not sent
+    "exit": frozenset({"remote_refused"}),  # the host's dispatcher refused it, ran nothing
+}
+
 # Why the daemon itself could not answer (stages admission, audit, internal, shutdown).
 DAEMON_REASONS: Final = frozenset(
     {
@@ -210,6 +219,21 @@ class UpstreamError(SshadapterError):
         self.ran = ran
         self.detail = detail
         super().__init__(f"transport/{reason}: {detail}" if detail else f"transport/{reason}")
+
+
+class DispatchRefusal(SshadapterError):
+    """A dispatch host will not run this command: its dispatcher refused it
+    (``remote_refused``, stage ``exit``), or its policy for the operation differs from
+    the daemon's (``policy_drift``, stage ``transport``: nothing was sent)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        stage = next((s for s, reasons in DISPATCH_REASONS.items() if reason in reasons), None)
+        if stage is None:
+            raise ValueError(f"unknown dispatch reason {reason}")  # a bug, not input
+        self.stage: Stage = "exit" if stage == "exit" else "transport"
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{self.stage}/{reason}: {detail}" if detail else f"{stage}/{reason}")
 
 
 class EvidenceError(SshadapterError):
@@ -277,6 +301,8 @@ def failure_of(exc: BaseException) -> Failure:
         return Failure("INVALID_REQUEST", False, "request", exc.reason, exc.detail)
     if isinstance(exc, UpstreamError):
         return Failure("UPSTREAM_UNAVAILABLE", exc.retryable, "transport", exc.reason, exc.detail)
+    if isinstance(exc, DispatchRefusal):
+        return Failure("UPSTREAM_UNAVAILABLE", False, exc.stage, exc.reason, exc.detail)
     if isinstance(exc, EvidenceError):
         return Failure(
             "INVALID_RESPONSE",

@@ -16,9 +16,9 @@ from typing import Any, Final
 
 import orjson
 
-from sshadapter import envelope
+from sshadapter import envelope, policy
 from sshadapter.checks import run_checks
-from sshadapter.errors import EvidenceError, Failure, failure_of
+from sshadapter.errors import DispatchRefusal, EvidenceError, Failure, failure_of
 from sshadapter.registry import Operation
 from sshadapter.runners.interface import RunResult
 
@@ -84,7 +84,7 @@ def evaluate(op: Operation, args: Mapping[str, Any], run: RunResult, now: dateti
         op.output_validator.validate(value)  # 8
         run_checks(op.spec.checks, value, args, now)  # 9
         return Verdict(data=project(op, value))  # 10
-    except EvidenceError as exc:
+    except (EvidenceError, DispatchRefusal) as exc:
         return Verdict.failed(failure_of(exc))
     except Exception as exc:  # a bug in the daemon, not the remote side's fault
         log.exception("internal error evaluating %s", op.name)
@@ -101,6 +101,9 @@ def check_exit_status(op: Operation, run: RunResult) -> Verdict | None:
         raise EvidenceError("parse", "too_large", f"stdout over {op.spec.output.max_bytes} bytes")
     if len(run.stderr) > op.spec.output.max_stderr_bytes:
         raise EvidenceError("parse", "stderr_too_large", f"over {op.spec.output.max_stderr_bytes}")
+    if op.dispatched and dispatcher_refused(run):
+        line = run.stderr.split(b"\n", 1)[0][:200].decode("utf-8", "replace")
+        raise DispatchRefusal("remote_refused", line)
     found = op.exit_meaning(run.exit_status, run.stderr)
     if found is None:
         raise EvidenceError("exit", "undeclared_exit_status", f"exit status {run.exit_status}")
@@ -118,6 +121,15 @@ def check_exit_status(op: Operation, run: RunResult) -> Verdict | None:
     if op.spec.output.stderr == "reject" and run.stderr:
         raise EvidenceError("parse", "stderr_not_empty", f"{len(run.stderr)} bytes on stderr")
     return None
+
+
+def dispatcher_refused(run: RunResult) -> bool:
+    """The host's dispatcher refused the command: its status and its stderr line.
+
+    A dispatch host's operation cannot declare that status (policy.operation_policy);
+    a program of its own exiting with it, without the line, stays undeclared.
+    """
+    return run.exit_status == policy.REFUSED_STATUS and run.stderr.startswith(policy.REFUSAL_PREFIX)
 
 
 def project(op: Operation, value: Any) -> dict[str, Any]:

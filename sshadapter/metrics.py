@@ -99,6 +99,24 @@ class Metrics:
             "Audit records that could not be written.",
             registry=r,
         )
+        self.dispatch_checks = Counter(
+            "sshadapter_dispatch_policy_checks",
+            "Policy checks of dispatch hosts, by result (sshadapter/drift.py RESULTS).",
+            ["host", "result"],
+            registry=r,
+        )
+        self.dispatch_refusals = Counter(
+            "sshadapter_dispatch_refusals",
+            "Calls to dispatch hosts refused: remote_refused by the host, policy_drift unsent.",
+            ["tool", "reason"],
+            registry=r,
+        )
+        self.dispatch_drifted = Gauge(
+            "sshadapter_dispatch_drifted_operations",
+            "Operations refused as policy_drift because the host's policy differs.",
+            ["host"],
+            registry=r,
+        )
         self.client_drops = Counter(
             "sshadapter_client_drops",
             "Agent connections the daemon closed, by reason.",

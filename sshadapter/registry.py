@@ -9,6 +9,7 @@ first bad file raises ConfigError naming the file, the key and the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import re
@@ -18,7 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from sshadapter import __version__, envelope
+from sshadapter import __version__, envelope, policy
 from sshadapter.argv import ArgvTemplate, parse_template
 from sshadapter.commandfile import CommandFile, parse_command_file, read_command_bytes
 from sshadapter.errors import ConfigError, EvidenceError, RequestError
@@ -75,6 +76,8 @@ class Operation:
     """The same minus re-validating data values: every response (see envelope_guard_schema)."""
     warnings: tuple[tuple[str, str], ...] = ()
     """(key, text) an operator should read: `sshadapter check` prints them, loads log them."""
+    dispatched: bool = False
+    """Its host runs sshadapter-dispatch (`dispatch = true`): see docs/dispatcher.md."""
 
     @cached_property
     def audit_fields(self) -> Mapping[str, Any]:
@@ -116,13 +119,19 @@ class RegistrySource:
     """`<tool>.toml` -> bytes."""
     schemas: Mapping[str, bytes]
     """`<name>.json` -> bytes."""
+    dispatch_hosts: frozenset[str] = frozenset()
+    """Host aliases behind sshadapter-dispatch (`dispatch = true`): their operations must
+    be ones the dispatcher can enforce, and their policies are built (docs/dispatcher.md)."""
 
     @classmethod
-    def read(cls, commands_dir: Path, schemas_dir: Path) -> RegistrySource:
+    def read(
+        cls, commands_dir: Path, schemas_dir: Path, dispatch_hosts: Collection[str] = ()
+    ) -> RegistrySource:
         if not commands_dir.is_dir():
             raise ConfigError(str(commands_dir), "", "commands directory does not exist")
         commands = {p.name: read_command_bytes(p) for p in sorted(commands_dir.glob("*.toml"))}
-        return cls(commands_dir, schemas_dir, commands, read_schema_files(schemas_dir))
+        schemas = read_schema_files(schemas_dir)
+        return cls(commands_dir, schemas_dir, commands, schemas, frozenset(dispatch_hosts))
 
     @property
     def digest(self) -> str:
@@ -132,6 +141,8 @@ class RegistrySource:
             for name, raw in sorted(files.items()):
                 h.update(f"{kind}/{name}\0{len(raw)}\0".encode())
                 h.update(raw)
+        for alias in sorted(self.dispatch_hosts):
+            h.update(f"dispatch/{alias}\0".encode())
         return h.hexdigest()
 
 
@@ -146,30 +157,56 @@ class Registry:
     """``sha256:`` + ``source.digest``: changes whenever any command file or schema does.
     Sent with `list`, so a client that caches the list (``sshadapter mcp``) notices a
     reload without comparing schemas."""
+    policies: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    """The dispatch policy of each dispatch host alias, as the daemon expects the host's."""
 
     def get(self, name: str) -> Operation | None:
         return self.operations.get(name)
 
 
 def load_registry(
-    commands_dir: Path, schemas_dir: Path, *, hosts: Collection[str] | None
+    commands_dir: Path,
+    schemas_dir: Path,
+    *,
+    hosts: Collection[str] | None,
+    dispatch_hosts: Collection[str] = (),
 ) -> Registry:
     """Load a whole directory or raise ConfigError; ``hosts=None`` skips the host check."""
-    return build_registry(RegistrySource.read(commands_dir, schemas_dir), hosts=hosts)
+    source = RegistrySource.read(commands_dir, schemas_dir, dispatch_hosts)
+    return build_registry(source, hosts=hosts)
 
 
 def build_registry(source: RegistrySource, *, hosts: Collection[str] | None) -> Registry:
-    """The registry of ``source``, or ConfigError naming the first bad file."""
+    """The registry of ``source``, or ConfigError naming the first bad file.
+
+    The operations of a dispatch host must also be ones the host's dispatcher can
+    enforce (sshadapter/policy.py); the policies are built here.
+    """
     schemas = SchemaSet(source.schemas_dir, source.schemas)
     operations = {}
     for name, raw in sorted(source.commands.items()):
-        operation = load_operation(source.commands_dir / name, schemas, hosts=hosts, raw=raw)
+        operation = load_operation(
+            source.commands_dir / name,
+            schemas,
+            hosts=hosts,
+            raw=raw,
+            dispatch_hosts=source.dispatch_hosts,
+        )
         operations[operation.name] = operation
-    return Registry(operations, schemas, source, f"sha256:{source.digest}")
+    policies = {
+        alias: policy.host_policy(alias, operations.values(), schemas)
+        for alias in sorted(source.dispatch_hosts)
+    }
+    return Registry(operations, schemas, source, f"sha256:{source.digest}", policies)
 
 
 def load_operation(
-    path: Path, schemas: SchemaSet, *, hosts: Collection[str] | None, raw: bytes | None = None
+    path: Path,
+    schemas: SchemaSet,
+    *,
+    hosts: Collection[str] | None,
+    raw: bytes | None = None,
+    dispatch_hosts: Collection[str] = (),
 ) -> Operation:
     """One command file (``raw``: its bytes, when already read) as an Operation."""
     file = str(path)
@@ -214,6 +251,7 @@ def load_operation(
         envelope_validator=schemas.compile(env_schema, file=file),
         envelope_guard=schemas.compile(envelope.envelope_guard_schema(env_schema), file=file),
         warnings=tuple(_param_warnings(spec)),
+        dispatched=spec.host in dispatch_hosts,
     )
 
 

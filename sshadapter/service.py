@@ -28,9 +28,11 @@ from sshadapter import envelope
 from sshadapter.audit import AuditLog, now_text
 from sshadapter.authorize import Callers, Peer, resolve
 from sshadapter.config import Allow
+from sshadapter.drift import PolicyMonitor
 from sshadapter.errors import (
     AuditError,
     DeniedError,
+    DispatchRefusal,
     Failure,
     OverloadedError,
     RequestError,
@@ -118,6 +120,7 @@ class Service:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         sleep: Sleep = asyncio.sleep,
         judge: Judge | None = None,
+        dispatch: PolicyMonitor | None = None,
     ) -> None:
         self.runner = runner
         self.judge = judge or Judge(workers=0)
@@ -130,6 +133,8 @@ class Service:
         self.metrics.inflight.set_function(lambda: self.admission.admitted)
         self.clock = clock
         self.sleep = sleep
+        self.dispatch = dispatch
+        """The policy state of dispatch hosts (docs/dispatcher.md), when there are any."""
         self.calls: dict[str, CallRecord] = {}
         """Calls between request and answer, by request id (the drain names those it cuts)."""
         self.cut_on_cancel = False
@@ -224,9 +229,16 @@ class Service:
             raise DeniedError
         call.op.check_args(args)  # 3
         call.command = call.op.command(args)  # 3: refuses what no remote command can receive
+        if self.dispatch is not None and (drift := self.dispatch.refusal(call.op)) is not None:
+            self.metrics.dispatch_refusals.labels(call.op.name, "policy_drift").inc()
+            raise DispatchRefusal("policy_drift", drift)  # the host's policy differs: not sent
         with self.admission.ticket() as slots:
             async with slots:
-                return await self._attempts(call, args)  # 4-10
+                verdict = await self._attempts(call, args)  # 4-10
+        if verdict.reason == "remote_refused" and self.dispatch is not None:
+            self.metrics.dispatch_refusals.labels(call.op.name, "remote_refused").inc()
+            self.dispatch.suspect(call.op.spec.host)  # a policy out of step is found soon
+        return verdict
 
     async def _attempts(self, call: CallRecord, args: Mapping[str, Any]) -> Verdict:
         """Stages 4-10, repeated in full for each retry the operation allows."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +21,7 @@ from sshadapter.config import (
     ServerSection,
 )
 from sshadapter.daemon import Daemon, assemble, bind_socket
+from sshadapter.drift import PolicyMonitor
 from sshadapter.offload import Judge
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.runners.scripted import ScriptedRunner
@@ -95,12 +96,15 @@ def with_daemon(
     audit_path: Path | None = None,
     judge: Judge | None = None,
     ssh: bool = False,
+    dispatch_hosts: Collection[str] = (),
+    dispatch_clock: Callable[[], float] | None = None,
     **server: Any,
 ) -> None:
     """Start a daemon, run ``body`` against it, stop it (draining), all in one event loop.
 
     The daemon is ``daemon.assemble``'s, as `serve` builds it; ``runner`` replaces its
     runner (default: the scripted job runner; ``ssh=True``: the production SSH runner).
+    ``dispatch_hosts`` are `dispatch = true`; ``dispatch_clock`` is their policy monitor's.
     """
 
     commands = commands or shipped_commands(tmp_path)
@@ -125,7 +129,10 @@ def with_daemon(
                 hosts
                 or {
                     alias: HostSection(
-                        address="127.0.0.1", user="nobody", known_hosts=tmp_path / "known_hosts"
+                        address="127.0.0.1",
+                        user="nobody",
+                        known_hosts=tmp_path / "known_hosts",
+                        dispatch=alias in dispatch_hosts,
                     )
                     for alias in ("ci", "local")
                 }
@@ -133,6 +140,10 @@ def with_daemon(
         )
         use = None if ssh else runner or job_runner()
         daemon = assemble(config, runner=use, clock=lambda: NOW, judge=judge)
+        if dispatch_clock is not None:  # the monitor assemble made, with the test's clock
+            monitor = PolicyMonitor(daemon.runner, daemon.service.metrics, clock=dispatch_clock)
+            monitor.expect(daemon.service.registry.policies)
+            daemon.service.dispatch = monitor
         sock = bind_socket(socket_path, socket_mode, "")
         task = asyncio.create_task(daemon.serve(sock))
         ready = asyncio.create_task(daemon.ready.wait())

@@ -33,7 +33,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -58,6 +58,8 @@ FLOOD_CHUNK_BYTES: Final = 64 * 1024  # the fault server writes floods in chunks
 # - PermitUserRC no: ~/.ssh/rc output would precede every command's stdout.
 # - MaxSessions and MaxStartups are OpenSSH's defaults, written out because the
 #   runner's pool bounds are tuned against them.
+# - Subsystem sftp: as on a stock host (Debian's sshd_config has one), so scp and sftp
+#   have something to ask for; behind a forced command they reach the dispatcher.
 SSHD_CONFIG: Final = """\
 ListenAddress 127.0.0.1:{port}
 HostKey {host_key}
@@ -77,6 +79,7 @@ X11Forwarding no
 AllowAgentForwarding no
 AllowTcpForwarding no
 AcceptEnv LC_*
+Subsystem sftp internal-sftp
 MaxSessions {max_sessions}
 MaxStartups 10:30:100
 LogLevel ERROR
@@ -107,6 +110,20 @@ class Sshd:
         }
         fields.update(overrides)
         return HostSection(**fields)
+
+    def authorize(self, options: str = "", *, more: Mapping[Path, str] | None = None) -> str:
+        """Put ``options`` (``restrict,command="..."``) in front of the client key, and
+        ``more`` keys (private key path -> options) after it; returns the client key's line.
+        sshd reads the file at every login; ``authorize()`` puts the plain key back."""
+        lines = [_key_line(self.client_key, options)]
+        lines += [_key_line(key, opts) for key, opts in (more or {}).items()]
+        (self.workdir / "authorized_keys").write_text("".join(f"{line}\n" for line in lines))
+        return lines[0]
+
+
+def _key_line(private_key: Path, options: str) -> str:
+    key = private_key.with_suffix(".pub").read_text().strip()
+    return f"{options} {key}" if options else key
 
 
 def require_sshd() -> None:
@@ -431,3 +448,14 @@ def running_fault_server(workdir: Path) -> Iterator[FaultServer]:
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def host_directory() -> Iterator[Path]:
+    """A directory standing for a host's files, readable by the login account (0755)."""
+    directory = Path(tempfile.mkdtemp(prefix="sshadapter-host-"))
+    try:
+        directory.chmod(0o755)
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

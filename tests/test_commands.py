@@ -612,27 +612,28 @@ def test_stray_brace_is_refused(tmp_path: Path, element: str) -> None:
     assert_names(exc, tmp_path, "argv[1]", "stray brace")
 
 
-@pytest.mark.parametrize(
-    "hostile",
-    [
-        "$(rm -rf /)",
-        "`id`",
-        "a; rm -rf /",
-        "line\nnext",
-        "it's",
-        'say "hi"',
-        "",
-        "-n",
-        "a\\b",
-        "*",
-        "~root",
-        "$HOME",
-        "x && y || z",
-        "> /etc/passwd",
-        "\t\r",
-        "é ü",
-    ],
-)
+# Shell syntax an agent (or a thief, tests/test_dispatch_sshd.py) may try in an argument.
+HOSTILE_ARGUMENTS = [
+    "$(rm -rf /)",
+    "`id`",
+    "a; rm -rf /",
+    "line\nnext",
+    "it's",
+    'say "hi"',
+    "",
+    "-n",
+    "a\\b",
+    "*",
+    "~root",
+    "$HOME",
+    "x && y || z",
+    "> /etc/passwd",
+    "\t\r",
+    "é ü",
+]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_ARGUMENTS)
 def test_hostile_argument_is_one_inert_word(template: Operation, hostile: str) -> None:
     """Shell syntax in an argument comes back as exactly that argument after shlex.split."""
     a = args(text=hostile)

@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_demo_shows_accepted_and_rejected_results_and_cleans_up() -> None:
-    """The demo prints envelopes for real and scripted calls, the counters, an MCP session,
-    and leaves nothing behind."""
+    """The demo prints envelopes for real and scripted calls, a stolen key refused by the
+    dispatcher next to an allowed command, the counters, an MCP session, and leaves nothing
+    behind."""
     before = set(Path(tempfile.gettempdir()).glob("sshadapter-demo-*"))
     done = subprocess.run(
         [sys.executable, "-m", "sshadapter.cli", "demo"],
@@ -42,6 +43,16 @@ def test_demo_shows_accepted_and_rejected_results_and_cleans_up() -> None:
         'sshadapter_rejections_total{reason="schema_mismatch",stage="schema",'
         'tool="deploy_status"} 1.0'
     ) in done.stdout
+    # A stolen key on `local` (behind sshadapter-dispatch): refused and logged; the daemon's
+    # own command runs.
+    refused = lines.index("$ ssh local 'cat /proc/loadavg; id'")
+    assert lines[refused + 1].startswith("sshadapter-dispatch: refused (not_canonical) sha256:")
+    assert lines[refused + 2] == "exit status 77"
+    assert "refused reason=not_canonical" in lines[refused + 3]
+    allowed = lines.index("$ ssh local 'cat /proc/loadavg'")
+    assert lines[allowed + 1].count(" ") == 4 and lines[allowed + 2] == "exit status 0"
+    assert "allowed operation=load_average" in lines[allowed + 3]
+    assert 'sshadapter_dispatch_policy_checks_total{host="local",result="current"}' in done.stdout
     # The MCP session: requests as a host writes them, what it gets back.
     requests = [json.loads(line[2:]) for line in lines if line.startswith("> ")]
     assert [r["method"] for r in requests] == [

@@ -141,6 +141,7 @@ def test_every_code_stage_and_reason_is_documented() -> None:
         *errors.TRANSPORT_REASONS,
         *errors.DAEMON_REASONS,
         *(reason for reasons in errors.EVIDENCE_REASONS.values() for reason in reasons),
+        *(reason for reasons in errors.DISPATCH_REASONS.values() for reason in reasons),
         DECLARED_EXIT_STATUS,
     }
     missing = sorted(name for name in names if f"`{name}`" not in text)
@@ -248,6 +249,7 @@ def test_the_audit_schema_is_valid_and_its_lists_are_the_codes() -> None:
         *errors.TRANSPORT_REASONS,
         *errors.DAEMON_REASONS,
         *(reason for reasons in errors.EVIDENCE_REASONS.values() for reason in reasons),
+        *(reason for reasons in errors.DISPATCH_REASONS.values() for reason in reasons),
         DECLARED_EXIT_STATUS,
     }
     assert defs["code"]["enum"] == list(envelope.CODES)

@@ -80,7 +80,8 @@ PINNED: dict[str, str] = {
     "install -d -m 0755 ~sshadapter/.ssh": (
         "here: the test sshd reads AuthorizedKeysFile from its workdir instead"
     ),
-    "echo 'restrict,from=\"192.0.2.10\" ssh-ed25519 AAAAC3Nza... sshadapter@adapter'"
+    'echo \'restrict,from="192.0.2.10",command="/usr/local/libexec/sshadapter-dispatch'
+    " /etc/sshadapter-dispatch/policy.json\" ssh-ed25519 AAAAC3Nza... sshadapter@adapter'"
     " >> ~sshadapter/.ssh/authorized_keys": (
         "here: the line the keygen block printed is appended to the test sshd's file"
     ),
@@ -159,10 +160,14 @@ class Walkthrough:
         self.work = tmp / "work"  # the operator's current directory
         self.bin = tmp / "bin"
         self.metrics_port = free_port()
+        # The host's own files: where its login account can read them (the workdir is 0755).
+        self.host = sshd.workdir / "host"
         self.socket_path = self.root / "run/sshadapter/sshadapter.sock"
         self.blocks = {(b.kind, b.arg): b for b in guide_blocks() if b.kind != "root"}
         self.used: set[tuple[str, str]] = set()
         self.substitutions = [
+            ("/usr/local/libexec/sshadapter-dispatch", f"{self.host}/libexec/sshadapter-dispatch"),
+            ("/etc/sshadapter-dispatch", f"{self.host}/conf/sshadapter-dispatch"),
             ("/etc/sshadapter", f"{self.root}/etc/sshadapter"),
             ("/var/lib/sshadapter", f"{self.root}/var/lib/sshadapter"),
             ("/var/log/sshadapter", f"{self.root}/var/log/sshadapter"),
@@ -258,7 +263,9 @@ def test_the_guide_from_adding_a_host_to_reading_the_audit(walk: Walkthrough) ->
 
     # Add a host: a key, its authorized_keys line, the host key checked out of band.
     printed = walk.run("keygen").strip().splitlines()[-1]
-    assert printed.startswith(f'restrict,from="{walk.sshd.address}" ssh-ed25519 ')
+    dispatch = f"{walk.host}/libexec/sshadapter-dispatch"
+    forced = f'command="{dispatch} {walk.host}/conf/sshadapter-dispatch/policy.json"'
+    assert printed.startswith(f'restrict,from="{walk.sshd.address}",{forced} ssh-ed25519 '), printed
     key = walk.root / "etc/sshadapter/keys/ci.key"
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     with (walk.sshd.workdir / "authorized_keys").open("a") as authorized:
@@ -268,6 +275,12 @@ def test_the_guide_from_adding_a_host_to_reading_the_audit(walk: Walkthrough) ->
     assert scanned[1].startswith("SHA256:") and scanned[1] == on_host[1]
     walk.run("known-hosts")
     config = walk.write("/etc/sshadapter/config.toml")
+
+    # The dispatcher and the host's policy (no operation yet), installed on the host.
+    walk.run("dispatcher")
+    walk.run("dispatcher-install")
+    assert stat.S_IMODE(os.stat(dispatch).st_mode) == 0o755
+    assert json.loads((walk.work / "ci.policy.json").read_text())["operations"] == {}
 
     # Start it, the way sshadapter.socket and sshadapter.service do.
     with started_daemon(walk, config) as (daemon, notify):
@@ -290,6 +303,14 @@ def test_the_guide_from_adding_a_host_to_reading_the_audit(walk: Walkthrough) ->
             walk.write(path)
         table = walk.run("check")
         assert _lines(table) == _lines(walk.output("check"))
+
+        # The policy on the host first, checked from here, then the reload.
+        walk.run("policy-update")
+        walk.run("policy-install")
+        checked = _lines(walk.run("check-hosts"))
+        expected = _lines(walk.output("check-hosts"))
+        assert checked[-len(expected) :] == expected
+        assert checked[: -len(expected)] == _lines(table)
         reload = unit_values(SERVICE, "ExecReload")[0].replace("$MAINPID", str(daemon.pid))
         subprocess.run(shlex.split(reload), check=True)
         assert notifications(notify, "READY=1") == ["RELOADING=1", "READY=1"]
