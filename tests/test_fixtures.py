@@ -15,11 +15,12 @@ from sshadapter.registry import load_registry
 
 REPO = Path(__file__).resolve().parents[1]
 TOOL = "load_average"
-GOOD = {
+EXPECT: dict[str, Any] = {"outcome": "failure", "code": "INVALID_RESPONSE"}
+GOOD: dict[str, Any] = {
     "args": {},
     "exit_status": 0,
     "now": "2026-11-30T04:12:00Z",
-    "expect": {"outcome": "failure", "code": "INVALID_RESPONSE"},
+    "expect": EXPECT,
 }
 
 
