@@ -319,8 +319,9 @@ class _Pool:
         connection's channel cap, so it never takes sshd past MaxSessions.
         """
         room = reserved or conn.channels < self._section.max_channels_per_connection
+        busy = conn.channels - reserved > SPARE_MAX_BUSY  # calls on it now, the spare's slot aside
         off = not SPARES or self.spares_off or self._closed
-        if off or conn.spare is not None or conn.ssh.is_closed() or not room:
+        if off or busy or conn.spare is not None or conn.ssh.is_closed() or not room:
             if reserved:
                 self.release(conn)
             return
@@ -503,6 +504,11 @@ SPARES: Final = hasattr(asyncssh.SSHClientChannel, "_make_request") and hasattr(
     asyncssh_packet, "String"
 )
 SPARE_PLACEHOLDER: Final = ":"  # never sent: the gate swaps in the call's command
+# A spare is opened only on a connection running at most this many calls: there it takes
+# the open's round trip off the next call's path; on a busy connection the open overlaps
+# other calls anyway, and a spare is only more work (measured: -0.1 ms p50 at c=1, +0.03 ms
+# of CPU per call at c=32 when every connection kept one).
+SPARE_MAX_BUSY: Final = 1
 
 
 class _Spare:
