@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
 import hashlib
 import logging
 import multiprocessing
+import os
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 # Below this the whole judgement costs well under a millisecond in the loop, less than
 # the round trip to a worker; above it the work grows ~25 ms per MiB.
 OFFLOAD_ABOVE_BYTES: Final = 64 * 1024
+_PR_SET_PDEATHSIG: Final = 1  # linux/prctl.h
 _CACHED_REGISTRIES: Final = 2  # in a worker: the current set and the one before a reload
 
 _registries: dict[str, Registry] = {}  # a worker's registries, by source digest
@@ -123,13 +126,22 @@ def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
         max_workers=workers,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_init_worker,
+        initargs=(os.getpid(),),
     )
 
 
-def _init_worker() -> None:
-    """In the worker: leave SIGTERM and SIGINT to the daemon, which drains and then stops us."""
+def _init_worker(daemon_pid: int) -> None:
+    """In the worker: die with the daemon; leave SIGTERM and SIGINT to it (it drains, then
+    stops us)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:  # Linux: killed when the daemon dies, even by SIGKILL (no orphan keeps 60 MB)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+    if os.getppid() != daemon_pid:  # the daemon died before the line above
+        os._exit(0)
 
 
 def _registry(source: RegistrySource) -> Registry:

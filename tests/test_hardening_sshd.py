@@ -318,3 +318,42 @@ def test_a_burst_of_connections_while_the_daemon_is_busy_is_queued_not_refused(
             sock.close()
         served.process.send_signal(signal.SIGCONT)
         served.close()
+
+
+def children_of(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_evaluation_workers_die_with_the_daemon(sshd: Sshd, tmp_path: Path) -> None:
+    """SIGKILL the daemon: its evaluation worker does not live on as an orphan."""
+    served = Served(tmp_path, write_config(tmp_path, sshd))
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while not (workers := children_of(served.process.pid)):
+            assert time.monotonic() < deadline, "no evaluation worker started"
+            time.sleep(0.05)
+        served.process.kill()
+        served.process.wait()
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in workers):
+            assert time.monotonic() < deadline, f"worker outlived the daemon: {workers}"
+            time.sleep(0.05)
+    finally:
+        served.close()

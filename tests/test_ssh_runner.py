@@ -496,7 +496,10 @@ def test_calls_go_out_on_spare_channels_and_nothing_runs_before(faults: FaultSer
         await runner.warm("f")
         await asyncio.sleep(0.3)  # a spare is open, and waits
         idle = list(faults.commands_seen)
-        outs = [(await runner.run("f", f"echo {i}", **CAPS)).stdout for i in range(5)]
+        outs = []
+        for i in range(5):  # a moment apart, as an agent's calls are: the next spare is open
+            outs.append((await runner.run("f", f"echo {i}", **CAPS)).stdout)
+            await asyncio.sleep(0.1)
         return idle, outs, runner._pools["f"].spares_used
 
     idle, outs, used = with_runner({"f": faults.host_section()}, body)
