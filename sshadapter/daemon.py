@@ -105,7 +105,7 @@ def bind_socket(path: Path, mode: int, group: str) -> socket.socket:
             raise SocketInUse(str(path), key, "another daemon is listening")
         finally:
             probe.close()
-    _socket_directory(path.parent)
+    make_private_dirs(path.parent, key=key)  # created 0700 if missing; never a symlink
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     old_umask = os.umask(0o177)  # created 0600: no window in which others can connect
     try:
@@ -135,20 +135,6 @@ def bind_socket(path: Path, mode: int, group: str) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-def _socket_directory(directory: Path) -> None:
-    """The socket's directory: created if missing (0700, then the socket's mode applies)."""
-    try:
-        info = os.lstat(directory)
-    except FileNotFoundError:
-        make_private_dirs(directory, key="server.socket_path")
-        return
-    except OSError as exc:
-        reason = f"cannot inspect: {exc.strerror}"
-        raise ConfigError(str(directory), "server.socket_path", reason) from exc
-    if stat.S_ISLNK(info.st_mode):
-        raise ConfigError(str(directory), "server.socket_path", "directory is a symlink")
 
 
 def peer_of(sock: socket.socket) -> Peer:

@@ -28,6 +28,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from sshadapter.strict_json import REASONS as JSON_REASONS
+
 Stage = Literal[
     "request",
     "authorize",
@@ -58,23 +60,8 @@ STAGES: Final[tuple[Stage, ...]] = (
 # Reasons an output is rejected, by stage. Finite on purpose: they are metric labels.
 EVIDENCE_REASONS: Final[dict[str, frozenset[str]]] = {
     "exit": frozenset({"undeclared_exit_status"}),
-    "parse": frozenset(
-        {
-            "too_large",
-            "bom",
-            "not_utf8",
-            "syntax",
-            "trailing_data",
-            "empty",
-            "duplicate_name",
-            "non_finite_number",
-            "number_out_of_range",
-            "lone_surrogate",
-            "too_deep",
-            "stderr_not_empty",
-            "stderr_too_large",
-        }
-    ),
+    # the strict JSON parser's own reasons, and the two of stderr judged at this stage
+    "parse": frozenset({*JSON_REASONS, "stderr_not_empty", "stderr_too_large"}),
     "extract": frozenset(
         {
             "unmatched_line",
@@ -106,22 +93,7 @@ EVIDENCE_REASONS: Final[dict[str, frozenset[str]]] = {
 REQUEST_REASONS: Final = frozenset(
     {
         # the strict JSON parser's reasons, prefixed: the line itself is not strict JSON
-        *(
-            f"json_{reason}"
-            for reason in (
-                "too_large",
-                "bom",
-                "not_utf8",
-                "syntax",
-                "trailing_data",
-                "empty",
-                "duplicate_name",
-                "non_finite_number",
-                "number_out_of_range",
-                "lone_surrogate",
-                "too_deep",
-            )
-        ),
+        *(f"json_{reason}" for reason in JSON_REASONS),
         "unknown_op",  # `op` is missing, not a string, or not call/list
         "unknown_request_key",  # a key the op does not take
         "malformed_call",  # `tool` not a string or `args` not an object
