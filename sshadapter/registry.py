@@ -91,6 +91,19 @@ class Operation:
             "host": self.spec.host,
         }
 
+    @cached_property
+    def list_entry(self) -> Mapping[str, Any]:
+        """What `list` says of this operation (docs/protocol.md), built once."""
+        return {
+            "name": self.name,
+            "description": self.spec.description,
+            "version": self.spec.version,
+            "read_only": self.spec.read_only,
+            "idempotent": self.spec.idempotent,
+            "input_schema": self.params_schema,
+            "output_schema": self.envelope_schema,
+        }
+
     def command(self, args: Mapping[str, Any]) -> str:
         """The exact remote command string: every element shell-quoted once."""
         return self.argv.command(args)

@@ -177,17 +177,9 @@ class Service:
             return self._system_answer(request_id, "INTERNAL", started)
         return await self._call(op, request.args, peer, request_id)
 
-    def tools_for(self, peer: Peer) -> list[dict[str, Any]]:
+    def tools_for(self, peer: Peer) -> list[Mapping[str, Any]]:
         return [
-            {
-                "name": op.name,
-                "description": op.spec.description,
-                "version": op.spec.version,
-                "read_only": op.spec.read_only,
-                "idempotent": op.spec.idempotent,
-                "input_schema": op.params_schema,
-                "output_schema": op.envelope_schema,
-            }
+            op.list_entry
             for op in self.registry.operations.values()
             if self._callers[op.name].admit(peer)
         ]

@@ -197,11 +197,7 @@ def write_daemon_files(workdir: Path, sshd: Sshd) -> Path:
     (workdir / "schemas" / "slow_read.v1.json").write_text(json.dumps(SLOW_READ_SCHEMA))
     (workdir / "commands" / "clock_read.toml").write_text(CLOCK_READ)
     (workdir / "schemas" / "clock_read.v1.json").write_text(json.dumps(CLOCK_READ_SCHEMA))
-    hosts = "".join(
-        f'[hosts.{alias}]\naddress = "{sshd.address}"\nport = {sshd.port}\nuser = "{sshd.user}"\n'
-        f'client_keys = ["{sshd.client_key}"]\nknown_hosts = "{sshd.known_hosts}"\n\n'
-        for alias in ("ci", "local")
-    )
+    hosts = sshd.host_toml("ci", "local")
     config = workdir / "config.toml"
     config.write_text(f"""\
 [server]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -111,6 +112,22 @@ class Sshd:
         fields.update(overrides)
         return HostSection(**fields)
 
+    def host_toml(self, *aliases: str, **overrides: Any) -> str:
+        """``[hosts.<alias>]`` tables reaching this server, for a test's config file;
+        keyword arguments add or override keys, and None leaves a key out."""
+        keys: dict[str, Any] = {
+            "address": self.address,
+            "port": self.port,
+            "user": self.user,
+            "client_keys": [self.client_key],
+            "known_hosts": self.known_hosts,
+            **overrides,
+        }
+        body = "".join(
+            f"{key} = {_toml(value)}\n" for key, value in keys.items() if value is not None
+        )
+        return "".join(f"[hosts.{alias}]\n{body}\n" for alias in aliases)
+
     def authorize(self, options: str = "", *, more: Mapping[Path, str] | None = None) -> str:
         """Put ``options`` (``restrict,command="..."``) in front of the client key, and
         ``more`` keys (private key path -> options) after it; returns the client key's line.
@@ -119,6 +136,17 @@ class Sshd:
         lines += [_key_line(key, opts) for key, opts in (more or {}).items()]
         (self.workdir / "authorized_keys").write_text("".join(f"{line}\n" for line in lines))
         return lines[0]
+
+
+def _toml(value: Any) -> str:
+    """A TOML value: JSON's strings, numbers and arrays are TOML's too."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))
 
 
 def _key_line(private_key: Path, options: str) -> str:

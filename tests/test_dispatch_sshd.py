@@ -619,9 +619,7 @@ def test_check_hosts_names_what_a_host_lacks(
     config = tmp_path / "config.toml"
     config.write_text(
         f'[paths]\ncommands = "{commands}"\nschemas = "{ROOT / "schemas"}"\n\n'
-        f'[hosts.local]\naddress = "127.0.0.1"\nport = {host.sshd.port}\n'
-        f'user = "{host.sshd.user}"\nclient_keys = ["{key}"]\n'
-        f'known_hosts = "{host.sshd.known_hosts}"\ndispatch = true\n'
+        + host.sshd.host_toml("local", client_keys=[key], dispatch=True)
     )
     assert cli_main(["check", "--config", str(config)]) == 0  # offline: no host asked
     capsys.readouterr()

@@ -118,13 +118,7 @@ schemas = "schemas"
 path = "{directory / "audit.jsonl"}"
 quarantine_dir = "{directory / "quarantine"}"
 
-[hosts.ci]
-address = "{sshd.address}"
-port = {sshd.port}
-user = "{sshd.user}"
-client_keys = ["{sshd.client_key}"]
-known_hosts = "{sshd.known_hosts}"
-""")
+{sshd.host_toml("ci")}""")
     return config
 
 

@@ -30,11 +30,7 @@ def write_config(directory: Path, sshd: Sshd, *, metrics_port: int = 0) -> Path:
     """A config.example.toml-style file: both example host aliases point at the test sshd."""
     shutil.copytree(ROOT / "commands", directory / "commands")
     shutil.copytree(ROOT / "schemas", directory / "schemas")
-    hosts = "".join(
-        f'[hosts.{alias}]\naddress = "{sshd.address}"\nport = {sshd.port}\nuser = "{sshd.user}"\n'
-        f'client_keys = ["{sshd.client_key}"]\nknown_hosts = "{sshd.known_hosts}"\n\n'
-        for alias in ("ci", "local")
-    )
+    hosts = sshd.host_toml("ci", "local")
     metrics = f'listen = "127.0.0.1:{metrics_port}"' if metrics_port else 'listen = ""'
     config = directory / "config.toml"
     config.write_text(f"""\

@@ -34,18 +34,8 @@ MODERN = Era("2026-07-28", modern=True)
 
 
 def entry(name: str, **changes: Any) -> dict[str, Any]:
-    """The daemon's `list` entry for a shipped tool (as service.tools_for builds it)."""
-    op = REGISTRY.operations[name]
-    made = {
-        "name": op.name,
-        "description": op.spec.description,
-        "version": op.spec.version,
-        "read_only": op.spec.read_only,
-        "idempotent": op.spec.idempotent,
-        "input_schema": op.params_schema,
-        "output_schema": op.envelope_schema,
-    }
-    return {**made, **changes}
+    """The daemon's `list` entry for a shipped tool, with ``changes``."""
+    return {**REGISTRY.operations[name].list_entry, **changes}
 
 
 def test_bridge_envelope_is_the_daemons_failure_shape_with_its_own_id_prefix() -> None:

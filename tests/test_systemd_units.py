@@ -575,11 +575,12 @@ def booted(tmp_path: Path) -> Iterator[tuple[Path, int]]:
         shutil.copytree(ROOT / "schemas", etc / "sshadapter/schemas")
         shutil.copy(sshd.client_key, etc / "sshadapter/keys/ci.key")
         shutil.copy(sshd.known_hosts, etc / "sshadapter/known_hosts")
-        hosts = "".join(
-            f'[hosts.{alias}]\naddress = "{sshd.address}"\nport = {sshd.port}\n'
-            f'user = "{sshd.user}"\ncredential = "ci.key"\n'
-            'known_hosts = "/etc/sshadapter/known_hosts"\n'
-            for alias in ("ci", "local")
+        hosts = sshd.host_toml(
+            "ci",
+            "local",
+            client_keys=None,
+            credential="ci.key",
+            known_hosts="/etc/sshadapter/known_hosts",
         )
         (etc / "sshadapter/config.toml").write_text(
             '[server]\nallow = { uids = [0], groups = ["sshadapter-agents"] }\n' + hosts

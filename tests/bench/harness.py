@@ -251,16 +251,14 @@ quarantine_dir = "{tmp / f"quarantine-{name}"}"
 [metrics]
 listen = ""
 
-[hosts.bench]
-address = "{sshd.address}"
-port = {sshd.port}
-user = "{sshd.user}"
-client_keys = ["{sshd.client_key}"]
-known_hosts = "{sshd.known_hosts}"
-connect_timeout_seconds = 10.0
-max_connections = {POOL_CONNECTIONS}
-max_channels_per_connection = {CHANNELS_PER_CONNECTION}
-""")
+{
+        sshd.host_toml(
+            "bench",
+            connect_timeout_seconds=10.0,
+            max_connections=POOL_CONNECTIONS,
+            max_channels_per_connection=CHANNELS_PER_CONNECTION,
+        )
+    }""")
     return config
 
 
