@@ -285,6 +285,12 @@ class Daemon:
             return
         systemd.notify("RELOADING=1")
         try:
+            self._reload()
+        finally:  # systemctl reload waits for it: it must come, whatever happened
+            systemd.notify("READY=1")
+
+    def _reload(self) -> None:
+        try:
             registry = load_registry(
                 self.config.paths.commands,
                 self.config.paths.schemas,
@@ -307,7 +313,6 @@ class Daemon:
             self.audit.reopen()
         except (ConfigError, OSError) as exc:
             log.error("audit log not reopened, still writing the old file: %s", exc)
-        systemd.notify("READY=1")
 
     async def _warm(self, alias: str) -> None:
         """Open the first connection before the first call needs it; a failure is only logged.

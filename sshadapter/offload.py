@@ -15,7 +15,11 @@ returns only the sealed response line, the verdict's fields and the digests of
 the output; the parsed value never crosses back.
 
 If the pool breaks (a worker killed), the output is judged in the daemon
-instead, and a new pool is started: the answer is late, never lost.
+instead, and a new pool is started: the answer is late, never lost. Workers that
+cannot start at all (a sandbox that refuses them, an entry script without a
+``__name__ == "__main__"`` guard, which every spawned worker runs again) break
+each new pool too: after ``MAX_POOL_FAILURES`` in a row the daemon says so once
+and judges everything itself, as with ``evaluation_workers = 0``.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ log = logging.getLogger(__name__)
 OFFLOAD_ABOVE_BYTES: Final = 64 * 1024
 _PR_SET_PDEATHSIG: Final = 1  # linux/prctl.h
 _CACHED_REGISTRIES: Final = 2  # in a worker: the current set and the one before a reload
+# Pools broken in a row, no output judged by a worker in between, before the daemon stops
+# starting new ones: one kill is bad luck, three mean a worker cannot live here.
+MAX_POOL_FAILURES: Final = 3
 
 _registries: dict[str, Registry] = {}  # a worker's registries, by source digest
 
@@ -75,14 +82,23 @@ class Judge:
         """``workers`` = 0: everything is judged in the loop."""
         self.workers = workers
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._failures = 0
+        """Pools broken since a worker last judged an output."""
 
     def start(self, registry: Registry) -> None:
-        """Start the workers and have each build ``registry`` ahead of the first large output."""
-        if self.workers and self._pool is None:
-            self._pool = _new_pool(self.workers)
-        if self._pool is not None:
-            for _ in range(self.workers):
-                self._pool.submit(_warm, registry.source)
+        """Start the workers and have each build ``registry`` ahead of the first large output.
+
+        Never raises (start and SIGHUP): a pool that cannot be used is replaced, or given up.
+        """
+        while self.workers:
+            try:
+                if self._pool is None:
+                    self._pool = _new_pool(self.workers)
+                for _ in range(self.workers):
+                    self._pool.submit(_warm, registry.source)
+                return
+            except (concurrent.futures.BrokenExecutor, OSError) as exc:
+                self._broken(exc)
 
     async def judge(
         self,
@@ -101,17 +117,30 @@ class Judge:
             fields, sealed, evidence = await loop.run_in_executor(
                 pool, _judge, registry.source, op.name, dict(args), run, now, request_id
             )
-        except concurrent.futures.BrokenExecutor:
-            log.error("evaluation worker died: judging %s in the daemon, new workers", request_id)
-            self._restart(registry)
+        except (concurrent.futures.BrokenExecutor, OSError) as exc:
+            log.error("evaluation worker died: judging %s in the daemon", request_id)
+            self._broken(exc)
+            self.start(registry)
             return Judged(evaluate(op, args, run, now), evidence_of(run))
+        self._failures = 0
         return Judged(replace(Verdict(**fields), sealed=sealed), evidence)
 
-    def _restart(self, registry: Registry) -> None:
+    def _broken(self, exc: BaseException) -> None:
+        """Drop a pool that broke; after ``MAX_POOL_FAILURES`` in a row, start no more."""
         old, self._pool = self._pool, None
         if old is not None:
             old.shutdown(wait=False, cancel_futures=True)
-        self.start(registry)
+        self._failures += 1
+        if self._failures < MAX_POOL_FAILURES:
+            log.error("evaluation workers broke (%s): starting new ones", exc)
+        else:
+            log.error(
+                "evaluation workers broke %d times in a row (last: %s): every output is judged "
+                "in the daemon until it restarts",
+                self._failures,
+                exc,
+            )
+            self.workers = 0
 
     def close(self) -> None:
         if self._pool is not None:

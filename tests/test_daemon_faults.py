@@ -8,6 +8,7 @@ that the same daemon answers a normal call right after the fault.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import multiprocessing
 import os
@@ -24,8 +25,9 @@ import pytest
 from daemon_harness import Running, with_daemon
 from sshd import FaultServer, running_fault_server, write_known_hosts
 
+from sshadapter import offload, systemd
 from sshadapter.config import HostSection
-from sshadapter.offload import Judge, Judged
+from sshadapter.offload import MAX_POOL_FAILURES, Judge, Judged
 from sshadapter.runners.ssh import SshRunner
 
 TOOL = "fault_probe"  # host alias `faults`: the host whose faults each test provokes
@@ -582,3 +584,45 @@ def test_a_killed_evaluation_worker_costs_no_answer(
 
     serve_with_blob(tmp_path, faults, body, evaluation_workers=1)
     assert "evaluation worker died: judging req." in caplog.text
+
+
+def _pool_of_workers_that_exit(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+    """Workers that die as they start, as under a wrapper script without a main guard."""
+    return concurrent.futures.ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=os._exit,
+        initargs=(1,),
+    )
+
+
+def test_workers_that_cannot_start_cost_no_answer_and_no_reload(
+    tmp_path: Path,
+    faults: FaultServer,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every pool breaks: large outputs are judged in the daemon, offloading is given up after
+    MAX_POOL_FAILURES with one error, and SIGHUP still ends in READY=1 for systemctl."""
+    monkeypatch.setattr(offload, "_new_pool", _pool_of_workers_that_exit)
+    notified: list[str] = []
+
+    def notify(message: str) -> bool:
+        notified.append(message)
+        return False
+
+    monkeypatch.setattr(systemd, "notify", notify)
+
+    async def body(d: Running) -> None:
+        for _ in range(MAX_POOL_FAILURES + 2):
+            await asyncio.sleep(0.5)  # the new pool's workers have died by now
+            d.daemon.reload()
+            assert (await d.ask(blob(200_000)))["outcome"] == "success"
+        assert d.service.judge.workers == 0
+        assert multiprocessing.active_children() == []
+
+    serve_with_blob(tmp_path, faults, body, evaluation_workers=1)
+    assert caplog.text.count("every output is judged in the daemon until it restarts") == 1
+    reloads = ["RELOADING=1", "READY=1"] * (MAX_POOL_FAILURES + 2)
+    assert notified == ["READY=1", *reloads, "STOPPING=1"]
+    assert "Traceback" not in caplog.text

@@ -589,7 +589,9 @@ def booted(tmp_path: Path) -> Iterator[tuple[Path, int]]:
         binary.parent.mkdir(parents=True)
         binary.write_text(
             f"#!{python}\nimport sys\nsys.path[:0] = [{str(ROOT)!r}, {packages!r}]\n"
-            "from sshadapter.cli import main\nsys.exit(main())\n"
+            "from sshadapter.cli import main\n"
+            # pip's console script has the guard too: spawned evaluation workers run this file
+            'if __name__ == "__main__":\n    sys.exit(main())\n'
         )
         binary.chmod(0o755)
         (tmp_path / "ov").mkdir()
@@ -680,6 +682,8 @@ def test_the_units_run_the_daemon_under_real_systemd(booted: tuple[Path, int]) -
     assert match and float(match.group(1)) <= MAX_EXPOSURE
     _inside(pid1, "systemctl", "reload", SERVICE)
     _inside(pid1, "systemctl", "stop", SERVICE)
+    journal = _inside(pid1, "journalctl", "--no-pager", "-o", "cat", "-u", SERVICE).stdout
+    assert not re.search(r"^(ERROR|Traceback)", journal, re.M), journal  # workers included
     shown = _inside(pid1, "systemctl", "show", "-p", "Result", "-p", "ExecMainStatus", SERVICE)
     assert shown.stdout.split() == ["Result=success", "ExecMainStatus=0"]
     assert call("load_average")["outcome"] == "success"  # the socket starts it again
