@@ -591,8 +591,8 @@ def _pool_of_workers_that_exit(workers: int) -> concurrent.futures.ProcessPoolEx
     return concurrent.futures.ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("spawn"),
-        initializer=os._exit,
-        initargs=(1,),
+        initializer=signal.raise_signal,  # not os._exit: coverage replaces that one
+        initargs=(signal.SIGKILL,),
     )
 
 
