@@ -94,7 +94,8 @@ class LinearPattern:
             name.decode() if isinstance(name, bytes) else name for name, _ in named
         )
         self._indexes: tuple[int, ...] = tuple(index for _, index in named)
-        # Every group named, in order: the spans past the whole match are the groups'.
+        # The named groups are groups 1..n, in order: their spans are found[1 : n + 1].
+        # Unnamed groups (``( [0-9]+)?``, ``(\\S+ ?)+``) are only structure: never values.
         self._contiguous = self._indexes == tuple(range(1, len(self._indexes) + 1))
 
     def __repr__(self) -> str:
@@ -119,7 +120,8 @@ class LinearPattern:
     def values(self, data: bytes, text: str | None = None) -> list[str | None] | None:
         """The named groups' values of a whole match of ``data`` (``group_values``), or None.
 
-        The hot path of a table: one call per line.
+        One value per name of ``groups``, in order; unnamed groups give none. The hot
+        path of a table: one call per line.
         """
         if self._compiled is None or not self._contiguous:
             spans = self.spans(data)
@@ -127,9 +129,10 @@ class LinearPattern:
         found = self._compiled.Match(_ANCHOR_BOTH, data, 0, len(data))
         if found[0][0] < 0:
             return None
+        named = found[1 : 1 + len(self._indexes)]  # unnamed groups after them are left out
         if text is not None:
-            return [text[a:b] if a >= 0 else None for a, b in found[1:]]
-        return [data[a:b].decode() if a >= 0 else None for a, b in found[1:]]
+            return [text[a:b] if a >= 0 else None for a, b in named]
+        return [data[a:b].decode() if a >= 0 else None for a, b in named]
 
     def matches(self, data: bytes) -> bool:
         """Whether the whole of ``data`` matches."""

@@ -131,3 +131,44 @@ def test_an_invalid_pattern_says_so() -> None:
     """A syntax error is a LinearRegexError with RE2's own words."""
     with pytest.raises(LinearRegexError, match="missing"):
         compile_linear("[a-z")
+
+
+# Unnamed groups around, after, inside and before named ones: structure only, never values.
+UNNAMED_GROUP_ROWS = [
+    (r"^(?P<x>[a-z]+)( [0-9]+)?$", ["abc 12", "abc"]),  # the issue's: optional, after
+    (r"^(?P<x>(\S+ ?)+)$", ["a b c", "abc"]),  # nested inside the named group
+    (r"^(?:(?P<x>[a-z]+) )?(y|z)$", ["abc y", "z"]),  # named inside an optional group
+    (r"^([0-9]+) (?P<x>[a-z]+)$", ["12 abc"]),  # unnamed before named: not contiguous
+    (r"^((?P<x>[a-zé]+)|([0-9]+))( (?P<y>[a-z]+))?$", ["abc def", "12", "12 xy", "é"]),
+    (r"^(?P<x>[a-z]+)(((( )))(?P<y>[0-9]*))$", ["ab ", "ab 7"]),
+]
+
+
+@pytest.mark.parametrize(("pattern", "lines"), UNNAMED_GROUP_ROWS)
+def test_unnamed_groups_give_no_values(pattern: str, lines: list[str]) -> None:
+    """values() and groupdict() give exactly the named groups, as Python's re does."""
+    import re
+
+    compiled = compile_linear(pattern)
+    for line in lines:
+        expected = re.fullmatch(pattern, line)
+        assert expected is not None
+        data = line.encode()
+        ascii_text = line if line.isascii() else None
+        assert compiled.groupdict(data) == expected.groupdict()
+        assert compiled.values(data, ascii_text) == [expected[n] for n in compiled.groups]
+
+
+@pytest.mark.parametrize(("pattern", "lines"), UNNAMED_GROUP_ROWS)
+def test_a_lines_row_with_unnamed_groups_extracts_its_named_fields(
+    pattern: str, lines: list[str]
+) -> None:
+    """A table whose row has unnamed groups: every line a row of its named fields (no INTERNAL)."""
+    import re
+
+    from sshadapter.extract import LinesFormat
+
+    fmt = LinesFormat(1 << 20, (), compile_linear(pattern), "rows", 100, {})
+    stdout = "".join(f"{line}\n" for line in lines).encode()
+    rows = [re.fullmatch(pattern, line).groupdict() for line in lines]  # type: ignore[union-attr]
+    assert fmt.parse(stdout) == {"rows": rows}
