@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from sshadapter.bounded_read import read_bounded
 from sshadapter.checks import Checks
 from sshadapter.config import Allow
 from sshadapter.errors import ConfigError
@@ -41,7 +42,7 @@ MAX_TIMEOUT_SECONDS: Final = 600.0
 DEFAULT_MAX_OUTPUT_BYTES: Final = 64 * 1024  # a fact for an agent is small; raise per tool
 MAX_OUTPUT_BYTES: Final = 16 * 1024 * 1024  # hard ceiling: the daemon buffers the output
 DEFAULT_MAX_STDERR_BYTES: Final = 64 * 1024  # stderr is audited, never shown: keep it bounded
-MAX_COMMAND_FILE_BYTES: Final = 256 * 1024
+MAX_COMMAND_FILE_BYTES: Final = 256 * 1024  # one operation, written by hand: larger is a mistake
 MAX_RETRY_ATTEMPTS: Final = 5
 EXIT_MEANINGS: Final = ("success", "NOT_FOUND", "UPSTREAM_UNAVAILABLE", "INVALID_RESPONSE")
 FAILURE_MEANINGS: Final = EXIT_MEANINGS[1:]  # what stderr may choose between (never success)
@@ -222,14 +223,8 @@ class CommandFile(_Table):
 
 
 def read_command_bytes(path: Path) -> bytes:
-    """A command file's bytes, or ConfigError."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(str(path), "", f"cannot read: {exc.strerror}") from exc
-    if len(raw) > MAX_COMMAND_FILE_BYTES:
-        raise ConfigError(str(path), "", f"larger than {MAX_COMMAND_FILE_BYTES} bytes")
-    return raw
+    """A command file's bytes (a regular file, within its bound), or ConfigError."""
+    return read_bounded(path, MAX_COMMAND_FILE_BYTES)
 
 
 def parse_command_file(path: Path, raw: bytes) -> CommandFile:

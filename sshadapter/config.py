@@ -10,17 +10,38 @@ There is deliberately no option to turn host key checking off.
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import tomllib
+import types
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
+from sshadapter.bounded_read import read_bounded
 from sshadapter.errors import ConfigError
 
 DEFAULT_CONFIG_PATH: Final = Path("/etc/sshadapter/config.toml")
+ENV_PREFIX: Final = "SSHADAPTER_"
+ENV_NESTING: Final = "__"
+# A few sections and hosts written by hand: a larger file is a mistake, not a config.
+MAX_CONFIG_BYTES: Final = 1024 * 1024
+# The kernel's sockaddr_un holds 108 bytes with the terminating NUL: a longer socket_path
+# cannot be bound (the daemon would fail at start, after `check` accepted it).
+MAX_SOCKET_PATH_BYTES: Final = 107
+# `[metrics] listen`: a loopback host and a TCP port, the only forms the listener takes.
+METRICS_LISTEN: Final = re.compile(r"(127\.0\.0\.1|localhost|\[::1\]):([0-9]{1,5})")
+MAX_PORT: Final = 65535
 
 # Bounds, each with the reason for its default.
 DEFAULT_MAX_REQUEST_BYTES: Final = 64 * 1024  # a request is a tool name and a few arguments
@@ -45,7 +66,8 @@ DEFAULT_KEEPALIVE_SECONDS: Final = 30.0  # notice a dead connection before a cal
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # No inf or nan (TOML has both): a timeout that never ends is no timeout.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Allow(_Section):
@@ -57,6 +79,16 @@ class Allow(_Section):
 
 class ServerSection(_Section):
     socket_path: Path = Path("/run/sshadapter/sshadapter.sock")
+
+    @field_validator("socket_path")
+    @classmethod
+    def _bindable(cls, value: Path) -> Path:
+        if len(os.fsencode(value)) > MAX_SOCKET_PATH_BYTES:
+            raise ValueError(
+                f"longer than {MAX_SOCKET_PATH_BYTES} bytes: a Unix socket cannot be bound there"
+            )
+        return value
+
     socket_mode: Annotated[str, Field(pattern=r"^0?[0-7]{3}$")] = "0660"
     socket_group: str = ""
     allow: Allow = Allow()
@@ -91,9 +123,23 @@ class MetricsSection(_Section):
     @field_validator("listen")
     @classmethod
     def _loopback_only(cls, value: str) -> str:
-        if value and value.rsplit(":", 1)[0].strip("[]") not in {"127.0.0.1", "::1", "localhost"}:
-            raise ValueError("metrics listen only on loopback (127.0.0.1:PORT or [::1]:PORT)")
+        if not value:
+            return value
+        found = METRICS_LISTEN.fullmatch(value)
+        if found is None:
+            raise ValueError(
+                "metrics listen only on loopback, with a port "
+                "(127.0.0.1:PORT, [::1]:PORT or localhost:PORT)"
+            )
+        if not 1 <= int(found[2]) <= MAX_PORT:
+            raise ValueError(f"port {found[2]} is not a TCP port 1-{MAX_PORT}")
         return value
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """(host, port) of the listener, None for none; checked by the validator."""
+        found = METRICS_LISTEN.fullmatch(self.listen)
+        return None if found is None else (found[1].strip("[]"), int(found[2]))
 
 
 class HostSection(_Section):
@@ -131,7 +177,7 @@ class Config(BaseSettings, ConfigFile):
     """
 
     model_config = SettingsConfigDict(
-        env_prefix="SSHADAPTER_", env_nested_delimiter="__", extra="forbid", frozen=True
+        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTING, extra="forbid", frozen=True
     )
 
     @classmethod
@@ -150,29 +196,40 @@ class Config(BaseSettings, ConfigFile):
 def load_config(path: Path | None) -> tuple[Config, Path]:
     """Load ``path`` (or the defaults when None) and return it with its base directory.
 
-    Raises ConfigError naming the file, the key and the reason.
+    The one validation ``check``, ``serve`` and every other command use. Raises
+    ConfigError naming the file (or the environment variable), the key and the reason.
     """
     data: dict[str, Any] = {}
     base = Path.cwd()
     name = str(path) if path else "<defaults>"
     if path is not None:
+        raw = read_bounded(path, MAX_CONFIG_BYTES)
         try:
-            with path.open("rb") as f:
-                data = tomllib.load(f)
-        except OSError as exc:
-            raise ConfigError(name, "", f"cannot read: {exc.strerror}") from exc
+            data = tomllib.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ConfigError(name, "", f"not UTF-8 (byte {exc.start})") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(name, "", f"not valid TOML: {exc}") from exc
         base = path.resolve().parent
     try:
         ConfigFile.model_validate_json(orjson.dumps(data), strict=True)
+    except ValidationError as exc:
+        raise _validation_error(name, exc) from exc
+    try:  # the file is valid: what fails now came from the environment
         config = Config(**data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        key = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(name, key, _pydantic_reason(first)) from exc
+        loc = [str(p) for p in exc.errors()[0]["loc"]]
+        raise _validation_error(_variable_of(loc) or "the environment", exc) from exc
+    except SettingsError as exc:  # a table's variable that is not JSON
+        raise _unparsed_variable(exc) from exc
     paths = PathsSection(commands=base / config.paths.commands, schemas=base / config.paths.schemas)
     return config.model_copy(update={"paths": paths}), base
+
+
+def _validation_error(name: str, exc: ValidationError) -> ConfigError:
+    first = exc.errors()[0]
+    key = ".".join(str(p) for p in first["loc"])
+    return ConfigError(name, key, _pydantic_reason(first))
 
 
 def _pydantic_reason(error: Any) -> str:
@@ -180,4 +237,66 @@ def _pydantic_reason(error: Any) -> str:
         return "unknown key"
     if error["type"] == "missing":
         return "required key is missing"
-    return str(error["msg"])
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
+def _variables() -> dict[str, str]:
+    """Our environment variables by upper-case name (pydantic-settings ignores case)."""
+    return {k.upper(): k for k in os.environ if k.upper().startswith(ENV_PREFIX)}
+
+
+def _variable_of(loc: Sequence[str]) -> str:
+    """The variable that set ``loc`` or a table around it, as ``$NAME``; empty if none did."""
+    names = _variables()
+    for end in range(len(loc), 0, -1):
+        wanted = ENV_PREFIX + ENV_NESTING.join(loc[:end]).upper()
+        if wanted in names:
+            return f"${names[wanted]}"
+    return ""
+
+
+def _unparsed_variable(exc: SettingsError) -> ConfigError:
+    """The variable whose value pydantic-settings could not read as JSON, and why.
+
+    A table or a list (``SSHADAPTER_SERVER__ALLOW``, ``..._ALLOW__UIDS``) is given as
+    JSON; pydantic-settings names only the top-level field, so the variables under it
+    are tried here the same way.
+    """
+    found = re.search(r'field "([^"]+)"', str(exc))
+    field = found[1].upper() if found else ""
+    for upper, name in sorted(_variables().items()):
+        parts = upper.removeprefix(ENV_PREFIX).lower().split(ENV_NESTING)
+        if parts[0] != field.lower() or not _wants_json(parts):
+            continue
+        try:
+            json.loads(os.environ[name])
+        except ValueError as error:
+            key = ".".join(parts)
+            return ConfigError(f"${name}", key, f"not JSON, which a table or list needs: {error}")
+    return ConfigError("the environment", field.lower(), f"cannot be read: {exc}")
+
+
+def _wants_json(parts: Sequence[str]) -> bool:
+    """Whether the key at ``parts`` is a table or a list: its environment value is JSON."""
+    kind: Any = Config
+    for part in parts:
+        kind = _unwrapped(kind)
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            field = kind.model_fields.get(part)
+            if field is None:
+                return False
+            kind = field.annotation
+        elif get_origin(kind) is dict:
+            kind = get_args(kind)[1]
+        else:
+            return False
+    kind = _unwrapped(kind)
+    is_model = isinstance(kind, type) and issubclass(kind, BaseModel)
+    return is_model or get_origin(kind) in (dict, tuple, list)
+
+
+def _unwrapped(kind: Any) -> Any:
+    """``kind`` without ``Annotated`` and without ``None`` in a union."""
+    while get_origin(kind) in (Annotated, Union, types.UnionType):
+        kind = next(a for a in get_args(kind) if a is not type(None))
+    return kind

@@ -120,7 +120,9 @@ def bind_socket(path: Path, mode: int, group: str) -> socket.socket:
             try:
                 gid = grp.getgrnam(group).gr_gid
             except KeyError as exc:
-                raise ConfigError("", "server.socket_group", f"no group {group!r}") from exc
+                raise ConfigError(
+                    str(path), "server.socket_group", f"no group {group!r} to give the socket to"
+                ) from exc
             try:
                 os.chown(path, -1, gid)
             except OSError as exc:  # not a member of the group, or chown forbidden by a sandbox
@@ -507,16 +509,15 @@ async def run_daemon(config_path: Path | None) -> int:
     """`sshadapter serve`: load everything, bind, serve until told to stop."""
     config, _ = load_config(config_path)
     daemon = assemble(config)
-    if config.metrics.listen:
-        host, _, port = config.metrics.listen.rpartition(":")
+    if (metrics := config.metrics.address) is not None:  # its form checked by load_config
+        host, port = metrics
         try:
-            start_http_server(
-                int(port), addr=host.strip("[]"), registry=daemon.service.metrics.registry
-            )
+            start_http_server(port, addr=host, registry=daemon.service.metrics.registry)
         except OSError as exc:
             daemon.audit.close()
-            reason = f"cannot listen: {exc.strerror or exc}"
-            raise ConfigError(config.metrics.listen, "metrics.listen", reason) from exc
+            reason = f"cannot listen on {config.metrics.listen}: {exc.strerror or exc}"
+            file = str(config_path or "<defaults>")
+            raise ConfigError(file, "metrics.listen", reason) from exc
     sock, bound_here = open_listening_socket(config)
     inode = os.lstat(config.server.socket_path).st_ino if bound_here else None
     try:

@@ -14,19 +14,26 @@ the clock for freshness checks, so a fixture gives the same answer forever.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
+from sshadapter.bounded_read import read_bounded
+from sshadapter.commandfile import MAX_OUTPUT_BYTES
 from sshadapter.envelope import CODES
 from sshadapter.errors import STAGES, ConfigError, EvidenceError
 from sshadapter.registry import Operation
 from sshadapter.rfc3339 import parse_rfc3339
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
-MAX_FIXTURE_BYTES: Final = 16 * 1024 * 1024
+# A case file holds the expected data of one output: at most as large as the largest output.
+MAX_FIXTURE_BYTES: Final = MAX_OUTPUT_BYTES
+# A recorded stdout or stderr: room for an output over the largest `max_bytes`, which a
+# `too_large` case records, and no more.
+MAX_RECORDED_BYTES: Final = 2 * MAX_OUTPUT_BYTES
 _CASE_KEYS: Final = {"args", "exit_status", "now", "expect"}
 _EXPECT_KEYS: Final = {
     "success": {"outcome", "data"},
@@ -64,7 +71,9 @@ def _load_case(op: Operation, path: Path) -> Fixture:
     file = str(path)
     case = path.name.removesuffix(".case.json")
     try:
-        spec = strict_loads(path.read_bytes(), max_bytes=MAX_FIXTURE_BYTES, max_depth=64)
+        spec = strict_loads(
+            read_bounded(path, MAX_FIXTURE_BYTES), max_bytes=MAX_FIXTURE_BYTES, max_depth=64
+        )
     except StrictJSONError as exc:
         raise ConfigError(file, "", f"not strict JSON ({exc.reason}): {exc.detail}") from exc
     if not isinstance(spec, dict):
@@ -86,11 +95,12 @@ def _load_case(op: Operation, path: Path) -> Fixture:
         raise ConfigError(file, "now", f"not an RFC 3339 time: {exc}") from exc
     expect = _check_expect(file, spec.get("expect"))
     stdout_path = path.with_name(f"{case}.stdout")
-    if not stdout_path.is_file():
+    if not os.path.lexists(stdout_path):
         raise ConfigError(file, "", f"missing {stdout_path.name}")
-    stderr_path = path.with_name(f"{case}.stderr")
-    stderr = stderr_path.read_bytes() if stderr_path.is_file() else b""
-    return Fixture(op.name, case, stdout_path.read_bytes(), stderr, exit_status, args, now, expect)
+    stdout = read_bounded(stdout_path, MAX_RECORDED_BYTES)
+    stderr_path = path.with_name(f"{case}.stderr")  # optional: absent is empty
+    stderr = read_bounded(stderr_path, MAX_RECORDED_BYTES) if os.path.lexists(stderr_path) else b""
+    return Fixture(op.name, case, stdout, stderr, exit_status, args, now, expect)
 
 
 def _check_args(op: Operation, file: str, args: Mapping[str, Any]) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urljoin
 
 import jsonschema
 import jsonschema_rs
@@ -28,6 +29,7 @@ import referencing.exceptions
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
+from sshadapter.bounded_read import read_bounded
 from sshadapter.errors import ConfigError, EvidenceError
 from sshadapter.linear_regex import LinearRegexError, compile_linear
 from sshadapter.rfc3339 import is_date_time
@@ -103,15 +105,31 @@ class SchemaSet:
                     raise ConfigError(str(path), "$id", f"{loaded.uri} is also {other.name}'s URI")
             self.schemas[loaded.name] = loaded
         resources: list[tuple[str, Any]] = [(s.uri, s.contents) for s in self.schemas.values()]
+        wanted: list[str] = []  # what the registry tried to fetch: names the file at fault
+
+        def refuse(uri: str) -> Any:
+            wanted.append(uri)
+            return _refuse_retrieval(uri)
+
         try:  # the registry resolves every $ref of every file now, through _refuse_retrieval
-            self._rs_registry = jsonschema_rs.Registry(resources, retriever=_refuse_retrieval)
+            self._rs_registry = jsonschema_rs.Registry(resources, retriever=refuse)
         except (jsonschema_rs.ReferencingError, ValueError) as exc:
-            raise ConfigError(str(directory), "$ref", _first_line(exc)) from exc
+            file, pointer = self._ref_to(wanted)
+            raise ConfigError(file, pointer, _first_line(exc)) from exc
         self._py_registry: Registry[Any] = Registry().with_resources(
             (uri, DRAFT202012.create_resource(dict(c))) for uri, c in resources
         )
         for loaded in self.schemas.values():
             self.compile(loaded.contents, file=str(directory / loaded.name), base_uri=loaded.uri)
+
+    def _ref_to(self, uris: Sequence[str]) -> tuple[str, str]:
+        """(file, JSON pointer) of the first ``$ref`` that resolves to one of ``uris``."""
+        targets = {uri.split("#", 1)[0] for uri in uris}
+        for loaded in self.schemas.values():
+            for pointer, target in _refs(loaded.contents, loaded.uri):
+                if target in targets:
+                    return str(self.directory / loaded.name), pointer
+        return str(self.directory), "$ref"  # not found: at least the directory
 
     def get(self, name: str, *, file: str, key: str) -> LoadedSchema:
         try:
@@ -146,7 +164,8 @@ class SchemaSet:
             try:
                 resolved = resolver.lookup(ref)
             except referencing.exceptions.Unresolvable as exc:  # the loader resolved them all
-                raise ConfigError(schema.name, "$ref", f"cannot resolve {ref}") from exc
+                file = str(self.directory / schema.name)
+                raise ConfigError(file, "$ref", f"cannot resolve {ref}") from exc
             key = names.get(id(resolved.contents))
             if key is None:
                 stem = _DEFS_NAME.sub("_", ref.rstrip("/").rsplit("/", 1)[-1]) or "ref"
@@ -222,15 +241,9 @@ def read_schema_files(directory: Path) -> dict[str, bytes]:
     """Every ``*.json`` of ``directory``, name -> bytes, or ConfigError."""
     if not directory.is_dir():
         raise ConfigError(str(directory), "", "schemas directory does not exist")
-    files = {}
-    for path in sorted(directory.glob("*.json")):
-        try:
-            files[path.name] = path.read_bytes()
-        except OSError as exc:
-            raise ConfigError(str(path), "", f"cannot read: {exc.strerror}") from exc
-        if len(files[path.name]) > MAX_SCHEMA_BYTES:
-            raise ConfigError(str(path), "", f"larger than {MAX_SCHEMA_BYTES} bytes")
-    return files
+    return {
+        path.name: read_bounded(path, MAX_SCHEMA_BYTES) for path in sorted(directory.glob("*.json"))
+    }
 
 
 def _load_file(path: Path, raw: bytes) -> LoadedSchema:
@@ -373,6 +386,24 @@ def pattern_refusal(pattern: str) -> str | None:
             "(no lookaround or backreferences)"
         )
     return None
+
+
+def _refs(node: Any, base: str, pointer: str = "") -> Iterator[tuple[str, str]]:
+    """(JSON pointer, absolute URI without fragment) of every ``$ref`` under ``node``."""
+    if isinstance(node, list):
+        for index, item in enumerate(node):
+            yield from _refs(item, base, f"{pointer}/{index}")
+        return
+    if not isinstance(node, dict):
+        return
+    if isinstance(node.get("$id"), str):  # an embedded resource: its refs are relative to it
+        base = urljoin(base, node["$id"])
+    for key, value in node.items():
+        at = f"{pointer}/{_escape(key)}"
+        if key == "$ref" and isinstance(value, str):
+            yield at, urljoin(base, value).split("#", 1)[0]
+        elif key not in ("enum", "const", "examples", "default"):  # values, not subschemas
+            yield from _refs(value, base, at)
 
 
 def _closes(schema: Mapping[str, Any]) -> bool:

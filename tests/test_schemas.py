@@ -370,9 +370,10 @@ def test_ref_by_id(tmp_path: Path) -> None:
 
 
 def test_ref_to_missing_file_is_refused(tmp_path: Path) -> None:
-    """A `$ref` to a file that is not in schemas/ is a ConfigError, not a crash."""
+    """A `$ref` to a file that is not in schemas/: a ConfigError naming the file and pointer."""
     exc = refused(tmp_path, {"a.json": closed({"name": {"$ref": "c.json"}})})
-    assert exc.key == "$ref"
+    assert Path(exc.file) == tmp_path / "schemas" / "a.json"
+    assert exc.key == "/properties/name/$ref"
     assert "c.json" in exc.reason
 
 

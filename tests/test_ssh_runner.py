@@ -521,3 +521,48 @@ def test_concurrent_calls_share_spares_within_the_channel_cap(faults: FaultServe
 
     section = faults.host_section(max_connections=1, max_channels_per_connection=6)
     assert with_runner({"f": section}, body) == [f"w{i}\n".encode() for i in range(12)]
+
+
+FIFO_RELEASE_SECONDS = 10.0  # a blocked open of the FIFO is released after this
+FIFO_ANSWER_SECONDS = 5.0  # a refused FIFO answers well before its release
+
+
+@pytest.mark.parametrize("which", ["known_hosts", "client_key", "credential"])
+def test_a_fifo_for_an_ssh_file_is_refused_without_blocking_the_loop(
+    sshd: Sshd, tmp_path: Path, which: str
+) -> None:
+    """known_hosts, a client key or a credential that is a FIFO: a closed failure at once."""
+    import os
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    section = {
+        "known_hosts": lambda: sshd.host_section(known_hosts=fifo),
+        "client_key": lambda: sshd.host_section(client_keys=(fifo,)),
+        "credential": lambda: sshd.host_section(client_keys=(), credential="fifo"),
+    }[which]()
+
+    def release() -> None:  # unblocks a reader stuck in open(), so a failing test ends
+        with contextlib.suppress(OSError):
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.close(fd)
+
+    timer = threading.Timer(FIFO_RELEASE_SECONDS, release)
+    timer.start()
+
+    async def body(runner: SshRunner) -> UpstreamError:
+        with pytest.raises(UpstreamError) as caught:
+            await runner.run("h", "true", **CAPS)
+        return caught.value
+
+    started = time.monotonic()
+    try:
+        error = with_runner({"h": section}, body, credentials_dir=tmp_path)
+    finally:
+        timer.cancel()
+        release()
+    assert time.monotonic() - started < FIFO_ANSWER_SECONDS
+    expected = "host_key_unknown" if which == "known_hosts" else "no_credentials"
+    assert (error.reason, error.ran) == (expected, False)
+    assert "not a regular file (a FIFO)" in error.detail

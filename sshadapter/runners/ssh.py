@@ -40,8 +40,9 @@ from typing import Any, Final
 import asyncssh
 from asyncssh import packet as asyncssh_packet
 
+from sshadapter.bounded_read import read_bounded
 from sshadapter.config import HostSection
-from sshadapter.errors import UpstreamError
+from sshadapter.errors import ConfigError, UpstreamError
 from sshadapter.runners.interface import RunResult
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,11 @@ ABORT_SIGNAL: Final = "KILL"  # sshd keeps a closed session (a MaxSessions slot)
 # OpenSSH-style "^" prefix keeps asyncssh's default list after them.
 CIPHERS: Final = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
 DEFAULT_SSH_PORT: Final = 22  # known_hosts entries for port 22 carry no "[host]:port"
+# Read on the event loop at every connect (sshadapter/bounded_read.py): ~100 bytes a line,
+# so tens of thousands of hosts; a larger file is not a known_hosts file.
+MAX_KNOWN_HOSTS_BYTES: Final = 4 * 1024 * 1024
+# An OpenSSH private key, even RSA 16384 with a certificate, is under 16 KiB.
+MAX_PRIVATE_KEY_BYTES: Final = 64 * 1024
 
 
 class _KeyLoadError(Exception):
@@ -708,11 +714,13 @@ def _load_keys(section: HostSection, credentials_dir: Path | None) -> list[async
     keys: list[asyncssh.SSHKey] = []
     try:
         for path in section.client_keys:
-            keys.append(asyncssh.read_private_key(path))
+            keys.append(asyncssh.import_private_key(read_bounded(path, MAX_PRIVATE_KEY_BYTES)))
         if section.credential:
             keys.append(
                 asyncssh.import_private_key(_read_credential(section.credential, credentials_dir))
             )
+    except ConfigError as exc:  # not a regular file, too large, unreadable
+        raise _KeyLoadError(exc.reason) from None  # the reason alone: no path (see below)
     except (OSError, ValueError) as exc:  # asyncssh.KeyImportError is a ValueError
         # from None: a parser's context could quote the bytes it choked on.
         # No file name either: where the keys live is nobody's business but the operator's.
@@ -727,14 +735,16 @@ def _read_credential(name: str, credentials_dir: Path | None) -> bytes:
         raise ValueError("credential configured but $CREDENTIALS_DIRECTORY is not set")
     if "/" in name or name in {".", ".."}:
         raise ValueError("credential name must be a plain file name")
-    return (credentials_dir / name).read_bytes()
+    return read_bounded(credentials_dir / name, MAX_PRIVATE_KEY_BYTES)
 
 
 def _read_known_hosts(path: Path) -> asyncssh.SSHKnownHosts:
     """Read on every connect, so an operator's edit applies to the next connection."""
     try:
-        return asyncssh.read_known_hosts(str(path))
-    except (OSError, ValueError) as exc:
+        return asyncssh.import_known_hosts(read_bounded(path, MAX_KNOWN_HOSTS_BYTES).decode())
+    except ConfigError as exc:  # not a regular file, too large, unreadable
+        raise _KnownHostsError(str(exc)) from exc
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise _KnownHostsError(_describe(exc)) from exc
 
 

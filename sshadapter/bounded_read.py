@@ -1,0 +1,79 @@
+"""Reading an operator's file: opened once, a regular file, read with a bound.
+
+Every file the daemon and the CLI read (the configuration, command files,
+schemas, fixtures, known_hosts, client keys and credentials) comes through
+``read_bounded``. A FIFO, a device or a symlink to one is refused before a
+byte is read: ``mkfifo commands/x.toml`` would otherwise block the reload
+(which runs on the event loop, so every caller waits), and a symlink to
+``/dev/zero`` would read until the memory runs out. The file is opened once
+and judged by ``fstat`` of that descriptor, so what is checked is what is read:
+
+- ``stat`` first: a device is refused without being opened (opening some has
+  effects: a tape rewinds, a watchdog starts);
+- ``open`` with ``O_NONBLOCK`` (a FIFO swapped in between does not block the
+  open) and ``O_NOCTTY`` (a terminal never becomes the daemon's);
+- ``fstat`` of the descriptor: a regular file, no larger than its bound;
+- at most ``max_bytes + 1`` bytes read, so a file that grows while read is
+  refused too.
+
+Each kind of file has its own bound, a named constant beside its reader.
+Any failure is a ConfigError naming the file, the key and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Final
+
+from sshadapter.errors import ConfigError
+
+OPEN_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+READ_CHUNK_BYTES: Final = 1024 * 1024  # one read() call; the bound caps the total
+
+
+def read_bounded(path: Path, max_bytes: int, *, key: str = "") -> bytes:
+    """The bytes of the regular file ``path``, at most ``max_bytes``, or ConfigError."""
+    file = str(path)
+    try:
+        _refuse_special(os.stat(path).st_mode, file, key)
+        fd = os.open(path, OPEN_FLAGS)
+    except OSError as exc:
+        raise ConfigError(file, key, f"cannot read: {exc.strerror}") from exc
+    try:
+        info = os.fstat(fd)
+        _refuse_special(info.st_mode, file, key)
+        if info.st_size > max_bytes:
+            raise ConfigError(file, key, f"larger than {max_bytes} bytes")
+        chunks: list[bytes] = []
+        left = max_bytes + 1  # one byte more tells a file that grew past the bound
+        while left > 0:
+            chunk = os.read(fd, min(left, READ_CHUNK_BYTES))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise ConfigError(file, key, f"cannot read: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
+    if left <= 0:
+        raise ConfigError(file, key, f"larger than {max_bytes} bytes")
+    return b"".join(chunks)
+
+
+def _refuse_special(mode: int, file: str, key: str) -> None:
+    if not stat.S_ISREG(mode):
+        raise ConfigError(file, key, f"not a regular file ({_kind(mode)})")
+
+
+def _kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a file")
