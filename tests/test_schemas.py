@@ -429,7 +429,7 @@ def test_remote_ref_is_refused_without_any_network_attempt(tmp_path: Path) -> No
         with pytest.raises(BlockingIOError):
             listener.accept()
     assert done.returncode == 3, done.stderr
-    assert done.stdout.startswith("$ref ")
+    assert done.stdout.startswith("/properties/name/$ref ")  # the pointer inside a.json
     assert "https://example.com/x.json" in done.stdout
     assert elapsed < 10
 
