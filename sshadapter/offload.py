@@ -109,7 +109,6 @@ class _Pool:
     """One generation of workers: calls that saw it break replace it only while it is current."""
 
     executor: concurrent.futures.ProcessPoolExecutor
-    generation: int
     last_done: float = field(default_factory=time.monotonic)
     """When a job of this pool last finished (or the pool started): progress, for stalls."""
 
@@ -132,7 +131,7 @@ class Judge:
         self.workers = workers
         self.timeout_seconds = timeout_seconds
         self._pool: _Pool | None = None
-        self._generation = 0
+        """The current generation; a call that saw another one fail leaves this one be."""
         self._failures = 0
         """Pools broken since a worker last judged an output."""
         self._registry: Registry | None = None
@@ -152,8 +151,7 @@ class Judge:
             pool = self._pool
             try:
                 if pool is None:
-                    self._generation += 1
-                    pool = self._pool = _Pool(_new_pool(self.workers), self._generation)
+                    pool = self._pool = _Pool(_new_pool(self.workers))
                 for _ in range(self.workers):
                     pool.submit(_warm, registry.source)
                 return
