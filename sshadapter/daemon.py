@@ -258,7 +258,7 @@ class Daemon:
                     task.cancel()
                 await asyncio.gather(*late, return_exceptions=True)
         await self.runner.close()
-        self.service.judge.close()
+        await self.service.judge.close()
         self.audit.close()
 
     def _cut(self, late: set[asyncio.Task[None]], deadline: float) -> None:

@@ -138,6 +138,7 @@ DAEMON_REASONS: Final = frozenset(
         "intent_not_written",  # audit: the command was not run
         "result_not_written",  # audit: the command ran; its answer is withheld
         "bug",  # internal: an exception nothing maps; logged with its traceback
+        "evaluation_timeout",  # internal: no evaluation worker judged the output in time
         "drain_deadline",  # shutdown: still running when drain_timeout_seconds passed
     }
 )

@@ -14,12 +14,24 @@ so it judges by exactly the contract the daemon serves, reloads included. It
 returns only the sealed response line, the verdict's fields and the digests of
 the output; the parsed value never crosses back.
 
-If the pool breaks (a worker killed), the output is judged in the daemon
-instead, and a new pool is started: the answer is late, never lost. Workers that
-cannot start at all (a sandbox that refuses them, an entry script without a
-``__name__ == "__main__"`` guard, which every spawned worker runs again) break
-each new pool too: after ``MAX_POOL_FAILURES`` in a row the daemon says so once
-and judges everything itself, as with ``evaluation_workers = 0``.
+Pools have generations. If the current pool breaks (a worker killed: the OOM
+killer under load is an ordinary event), it is replaced once, whichever of the
+calls waiting on it sees the break first, and counted once; every output that
+was waiting on it is tried again on the replacement (``MAX_JUDGE_ATTEMPTS``),
+and judged in the daemon only if that one breaks under it too: the answer is
+late, never lost. A call that sees an older pool break (already replaced) never
+counts it or tears down the replacement. Workers that cannot start at all (a
+sandbox that refuses them, an entry script without a ``__name__ == "__main__"``
+guard, which every spawned worker runs again) break each new pool too: after
+``MAX_POOL_FAILURES`` in a row the daemon says so once and judges everything
+itself, as with ``evaluation_workers = 0``.
+
+No call waits for a worker longer than ``JUDGE_TIMEOUT_SECONDS``: then it is
+answered INTERNAL (stage ``internal``, reason ``evaluation_timeout``) and
+audited, and if the pool finished nothing in that time (a worker stopped,
+swapped out or wedged) its workers are killed and a new pool is started (a
+pool failure like a kill). Closing the pool never blocks the loop: workers get
+``WORKER_EXIT_GRACE_SECONDS`` to exit, then SIGKILL.
 """
 
 from __future__ import annotations
@@ -30,13 +42,16 @@ import ctypes
 import hashlib
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
 
+from sshadapter.errors import Failure
 from sshadapter.evaluate import Sealed, Verdict, evaluate, seal_line
 from sshadapter.registry import Operation, Registry, RegistrySource, build_registry
 from sshadapter.runners.interface import RunResult
@@ -51,6 +66,20 @@ _CACHED_REGISTRIES: Final = 2  # in a worker: the current set and the one before
 # Pools broken in a row, no output judged by a worker in between, before the daemon stops
 # starting new ones: one kill is bad luck, three mean a worker cannot live here.
 MAX_POOL_FAILURES: Final = 3
+# How long a call waits for a worker's verdict before it is answered INTERNAL
+# (evaluation_timeout). The largest output a tool may declare (16 MiB) is judged in
+# under a second (~25 ms per MiB, at most twice that on inputs chosen to be slow), so
+# 20 s covers a queue of the largest outputs behind one worker on a loaded machine; a
+# pool that finished nothing for this long is not slow but stopped, swapped out or
+# wedged. Shorter than drain_timeout_seconds' default (30 s), so a drain ends on it.
+JUDGE_TIMEOUT_SECONDS: Final = 20.0
+# Pools one output is tried in: a pool broken under it (a worker killed, most often for
+# reasons of its own: the OOM killer picks the largest process) is replaced and the
+# output tried again there, off the loop; broken twice, it is judged in the daemon.
+MAX_JUDGE_ATTEMPTS: Final = 2
+# At close, how long workers get to exit once told to (an idle one takes milliseconds);
+# then SIGKILL: a stopped or wedged one never would, and SIGTERM must end the daemon.
+WORKER_EXIT_GRACE_SECONDS: Final = 1.0
 
 _registries: dict[str, Registry] = {}  # a worker's registries, by source digest
 
@@ -75,30 +104,59 @@ def evidence_of(run: RunResult) -> dict[str, Any]:
     }
 
 
+@dataclass(eq=False, slots=True)
+class _Pool:
+    """One generation of workers: calls that saw it break replace it only while it is current."""
+
+    executor: concurrent.futures.ProcessPoolExecutor
+    last_done: float = field(default_factory=time.monotonic)
+    """When a job of this pool last finished (or the pool started): progress, for stalls."""
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        future = self.executor.submit(fn, *args)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, future: concurrent.futures.Future[Any]) -> None:
+        if not future.cancelled():  # in the executor's thread: one float, set atomically
+            self.last_done = time.monotonic()
+
+
 class Judge:
     """Stages 6-10 for the Service: in the loop for small outputs, in a worker for large."""
 
-    def __init__(self, workers: int) -> None:
-        """``workers`` = 0: everything is judged in the loop."""
+    def __init__(self, workers: int, *, timeout_seconds: float = JUDGE_TIMEOUT_SECONDS) -> None:
+        """``workers`` = 0: everything is judged in the loop. ``timeout_seconds``: how
+        long a call waits for a worker (tests shorten it)."""
         self.workers = workers
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self.timeout_seconds = timeout_seconds
+        self._pool: _Pool | None = None
+        """The current generation; a call that saw another one fail leaves this one be."""
         self._failures = 0
         """Pools broken since a worker last judged an output."""
+        self._registry: Registry | None = None
+
+    @property
+    def failures(self) -> int:
+        """Pools broken (or killed as stuck) in a row, since a worker last judged an output."""
+        return self._failures
 
     def start(self, registry: Registry) -> None:
         """Start the workers and have each build ``registry`` ahead of the first large output.
 
         Never raises (start and SIGHUP): a pool that cannot be used is replaced, or given up.
         """
+        self._registry = registry
         while self.workers:
+            pool = self._pool
             try:
-                if self._pool is None:
-                    self._pool = _new_pool(self.workers)
+                if pool is None:
+                    pool = self._pool = _Pool(_new_pool(self.workers))
                 for _ in range(self.workers):
-                    self._pool.submit(_warm, registry.source)
+                    pool.submit(_warm, registry.source)
                 return
             except (concurrent.futures.BrokenExecutor, OSError) as exc:
-                self._broken(exc)
+                self._drop(pool, f"broke ({exc})")
 
     async def judge(
         self,
@@ -109,43 +167,117 @@ class Judge:
         now: datetime,
         request_id: str,
     ) -> Judged:
-        pool = self._pool
-        if pool is None or len(run.stdout) <= OFFLOAD_ABOVE_BYTES:
+        if len(run.stdout) <= OFFLOAD_ABOVE_BYTES:
             return Judged(evaluate(op, args, run, now), evidence_of(run))
-        loop = asyncio.get_running_loop()
-        try:
-            fields, sealed, evidence = await loop.run_in_executor(
-                pool, _judge, registry.source, op.name, dict(args), run, now, request_id
-            )
-        except (concurrent.futures.BrokenExecutor, OSError) as exc:
-            log.error("evaluation worker died: judging %s in the daemon", request_id)
-            self._broken(exc)
-            self.start(registry)
-            return Judged(evaluate(op, args, run, now), evidence_of(run))
-        self._failures = 0
-        return Judged(replace(Verdict(**fields), sealed=sealed), evidence)
+        deadline = time.monotonic() + self.timeout_seconds
+        for attempt in range(1, MAX_JUDGE_ATTEMPTS + 1):
+            pool = self._pool
+            if pool is None:  # given up, or closed: judged here, as with no workers
+                break
+            try:
+                future = pool.submit(
+                    _judge, registry.source, op.name, dict(args), run, now, request_id
+                )
+                fields, sealed, evidence = await asyncio.wait_for(
+                    asyncio.wrap_future(future), max(0.0, deadline - time.monotonic())
+                )
+            except TimeoutError:
+                return self._timed_out(pool, op, run, request_id)
+            except (concurrent.futures.BrokenExecutor, OSError) as exc:
+                again = attempt < MAX_JUDGE_ATTEMPTS
+                log.error(
+                    "%s: evaluation worker died under it: %s",
+                    request_id,
+                    "judging it again in new workers" if again else "judging it in the daemon",
+                )
+                self._replace(pool, f"broke ({exc})")
+                if not again:
+                    break
+                continue  # within the same deadline: past it, the next wait times out at once
+            self._failures = 0
+            return Judged(replace(Verdict(**fields), sealed=sealed), evidence)
+        return Judged(evaluate(op, args, run, now), evidence_of(run))
 
-    def _broken(self, exc: BaseException) -> None:
-        """Drop a pool that broke; after ``MAX_POOL_FAILURES`` in a row, start no more."""
-        old, self._pool = self._pool, None
-        if old is not None:
-            old.shutdown(wait=False, cancel_futures=True)
+    def _timed_out(self, pool: _Pool, op: Operation, run: RunResult, request_id: str) -> Judged:
+        """No verdict within the bound: a closed failure; a pool that did nothing is killed."""
+        stalled = time.monotonic() - pool.last_done >= self.timeout_seconds
+        if stalled:
+            self._replace(pool, f"finished nothing in {self.timeout_seconds:g}s (stopped or stuck)")
+        log.error(
+            "%s %s: no evaluation worker judged its output within %gs: answered INTERNAL "
+            "(evaluation_timeout)",
+            request_id,
+            op.name,
+            self.timeout_seconds,
+        )
+        failure = Failure(
+            "INTERNAL",
+            False,
+            "internal",
+            "evaluation_timeout",
+            f"no verdict from an evaluation worker within {self.timeout_seconds:g}s",
+        )
+        return Judged(Verdict.failed(failure), evidence_of(run))
+
+    def _replace(self, pool: _Pool, why: str) -> None:
+        """``pool`` failed: if it is still the current one, drop it and start the next."""
+        if self._drop(pool, why) and self._registry is not None:
+            self.start(self._registry)
+
+    def _drop(self, pool: _Pool | None, why: str) -> bool:
+        """Drop the current pool, failed: kill its workers and count it; after
+        ``MAX_POOL_FAILURES`` in a row, start no more. A pool already replaced is left
+        alone (False): its failure was counted by whoever saw it first."""
+        if pool is not self._pool:
+            return False
+        self._pool = None
+        if pool is not None:
+            _discard(pool.executor)
         self._failures += 1
         if self._failures < MAX_POOL_FAILURES:
-            log.error("evaluation workers broke (%s): starting new ones", exc)
+            log.error("evaluation workers %s: starting new ones", why)
         else:
             log.error(
-                "evaluation workers broke %d times in a row (last: %s): every output is judged "
-                "in the daemon until it restarts",
+                "evaluation workers failed %d times in a row (last: %s): every output is "
+                "judged in the daemon until it restarts",
                 self._failures,
-                exc,
+                why,
             )
             self.workers = 0
+        return True
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+    async def close(self) -> None:
+        """Stop the workers without blocking the loop: idle ones exit when told to; any
+        still there after ``WORKER_EXIT_GRACE_SECONDS`` (stopped, wedged) are killed."""
+        pool, self._pool = self._pool, None
+        self.workers = 0
+        if pool is None:
+            return
+        processes = list((pool.executor._processes or {}).values())
+        pool.executor.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(_reap, processes, WORKER_EXIT_GRACE_SECONDS)
+
+
+def _discard(executor: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Kill a failed pool's workers (a stopped one would never take the end sentinel) and
+    let its manager thread wind down; every future still waiting on it breaks."""
+    # The executor's own table of its workers: the only handle on them before Python 3.14's
+    # kill_workers(). A worker already gone is skipped (Process.kill checks returncode).
+    for process in list((executor._processes or {}).values()):
+        process.kill()
+    executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _reap(processes: Sequence[multiprocessing.process.BaseProcess], grace: float) -> None:
+    """In a thread: wait up to ``grace`` for ``processes`` to exit, then SIGKILL the rest."""
+    deadline = time.monotonic() + grace
+    left = {process.sentinel: process for process in processes}
+    while left and (remaining := deadline - time.monotonic()) > 0:
+        for sentinel in multiprocessing.connection.wait(list(left), remaining):
+            left.pop(sentinel)  # type: ignore[arg-type]  # one of the sentinels given: an int
+    for process in left.values():
+        log.error("evaluation worker %s did not exit when told to: killed", process.pid)
+        process.kill()
 
 
 def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:

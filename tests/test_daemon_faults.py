@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import socket
@@ -24,10 +26,12 @@ import orjson
 import pytest
 from daemon_harness import Running, with_daemon
 from sshd import FaultServer, running_fault_server, write_known_hosts
+from test_crash import start_daemon
 
 from sshadapter import offload, systemd
 from sshadapter.config import HostSection
-from sshadapter.offload import MAX_POOL_FAILURES, Judge, Judged
+from sshadapter.daemon import CUT_GRACE_SECONDS
+from sshadapter.offload import MAX_POOL_FAILURES, WORKER_EXIT_GRACE_SECONDS, Judge, Judged
 from sshadapter.runners.ssh import SshRunner
 
 TOOL = "fault_probe"  # host alias `faults`: the host whose faults each test provokes
@@ -501,18 +505,30 @@ def test_clients_that_never_read_their_answers_are_dropped(
 
 
 class WatchedJudge(Judge):
-    """The daemon's judge, counting the event loop's turns while each output is judged."""
+    """The daemon's judge, counting the event loop's turns while each output is judged, and
+    the calls waiting for a verdict."""
 
     def __init__(self, workers: int) -> None:
         super().__init__(workers)
         self.ticks = 0
         self.ticks_while_judging: list[int] = []
+        self.waiting = 0
 
     async def judge(self, *args: Any) -> Judged:
         before = self.ticks
-        judged = await super().judge(*args)
+        self.waiting += 1
+        try:
+            judged = await super().judge(*args)
+        finally:
+            self.waiting -= 1
         self.ticks_while_judging.append(self.ticks - before)
         return judged
+
+    async def tick(self) -> None:
+        """Count the loop's turns until cancelled."""
+        while True:
+            self.ticks += 1
+            await asyncio.sleep(0.001)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -524,12 +540,7 @@ def test_the_loop_keeps_serving_while_a_large_output_is_judged(
     judge = WatchedJudge(workers)
 
     async def body(d: Running) -> None:
-        async def tick() -> None:
-            while True:
-                judge.ticks += 1
-                await asyncio.sleep(0.001)
-
-        ticker = asyncio.create_task(tick())
+        ticker = asyncio.create_task(judge.tick())
         try:
             big = asyncio.create_task(d.ask(blob(8_400_000)))
             await still_serves(d, HEALTHY_TOOL)
@@ -583,7 +594,170 @@ def test_a_killed_evaluation_worker_costs_no_answer(
         assert [p.pid for p in multiprocessing.active_children()] != [worker.pid]
 
     serve_with_blob(tmp_path, faults, body, evaluation_workers=1)
-    assert "evaluation worker died: judging req." in caplog.text
+    assert "evaluation worker died under it: judging it again in new workers" in caplog.text
+
+
+async def until(condition: Callable[[], bool], seconds: float = 30.0) -> None:
+    """Wait (polling) until ``condition()`` holds; fail after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+def exited(pid_process: multiprocessing.process.BaseProcess, seconds: float) -> bool:
+    """Whether the process ended within ``seconds`` (its sentinel: no reaping here)."""
+    return bool(multiprocessing.connection.wait([pid_process.sentinel], seconds))
+
+
+def test_a_worker_killed_under_three_waiting_calls_leaves_offloading_on(
+    tmp_path: Path, faults: FaultServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kill -9 of the worker with three large calls waiting counts one pool failure, not
+    three: all three are judged again in the new worker, and later large outputs still go
+    to a worker."""
+    judge = WatchedJudge(1)
+
+    async def body(d: Running) -> None:
+        ticker = asyncio.create_task(judge.tick())
+        try:
+            assert (await d.ask(blob(100_000)))["outcome"] == "success"  # the worker is up
+            (worker,) = multiprocessing.active_children()
+            os.kill(worker.pid, signal.SIGSTOP)  # type: ignore[arg-type]  # hold all three
+            calls = [asyncio.create_task(d.ask(blob(1_000_000))) for _ in range(3)]
+            await until(lambda: judge.waiting == 3)
+            os.kill(worker.pid, signal.SIGKILL)  # type: ignore[arg-type]  # as the OOM killer
+            answers = await asyncio.gather(*calls)
+            assert [answer["outcome"] for answer in answers] == ["success"] * 3
+            for _ in range(MAX_POOL_FAILURES):
+                assert (await d.ask(blob(1_000_000)))["outcome"] == "success"
+                assert judge.ticks_while_judging[-1] > 0  # in a worker: the loop kept turning
+            assert (judge.workers, judge.failures) == (1, 0)
+            assert [p.pid for p in multiprocessing.active_children()] != [worker.pid]
+        finally:
+            ticker.cancel()
+
+    serve_with_blob(tmp_path, faults, body, judge=judge)
+    assert caplog.text.count("evaluation workers broke") == 1
+    assert caplog.text.count("evaluation worker died under it: judging it again") == 3
+    assert "judged in the daemon until it restarts" not in caplog.text
+
+
+STUCK_TIMEOUT_SECONDS = 2.0  # the judge's bound in these tests (default 20 s)
+
+
+def test_a_stopped_worker_gives_a_bounded_closed_failure_and_is_replaced(
+    tmp_path: Path, faults: FaultServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A SIGSTOPped worker: the large call is answered INTERNAL (evaluation_timeout) after
+    the judge's bound, audited; the stopped worker is killed and the next output is judged
+    in a new one."""
+    judge = Judge(1, timeout_seconds=STUCK_TIMEOUT_SECONDS)
+
+    async def body(d: Running) -> None:
+        assert (await d.ask(blob(100_000)))["outcome"] == "success"  # the worker is up
+        (worker,) = multiprocessing.active_children()
+        os.kill(worker.pid, signal.SIGSTOP)  # type: ignore[arg-type]
+        try:
+            started = time.monotonic()
+            response = await asyncio.wait_for(
+                d.ask(blob(1_000_000)), STUCK_TIMEOUT_SECONDS + HANG_BOUND_SECONDS
+            )
+            waited = time.monotonic() - started
+            assert exited(worker, 5.0)  # the daemon killed it
+        finally:  # before the fix nothing would: the drain would then wait for it forever
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        assert STUCK_TIMEOUT_SECONDS <= waited < STUCK_TIMEOUT_SECONDS + 3
+        assert failure(response) == ("INTERNAL", False)
+        record = result_record(d, response)
+        assert (record["outcome"], record["code"]) == ("failure", "INTERNAL")
+        assert (record["stage"], record["reason"]) == ("internal", "evaluation_timeout")
+        assert record["attempts"][0]["stdout_bytes"] == 1_000_000  # what came back, digested
+        assert (await d.ask(blob(1_000_000)))["outcome"] == "success"
+        assert (judge.workers, judge.failures) == (1, 0)  # reset: a worker judged it
+
+    serve_with_blob(tmp_path, faults, body, judge=judge)
+    assert "no evaluation worker judged its output within 2s" in caplog.text
+    assert "evaluation workers finished nothing in 2s (stopped or stuck)" in caplog.text
+    assert "Traceback" not in caplog.text
+
+
+SHUTDOWN_GRACE_SECONDS = CUT_GRACE_SECONDS + WORKER_EXIT_GRACE_SECONDS + 3.0  # + exit, close
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The evaluation workers among a process's children (from /proc)."""
+    children = [
+        int(child)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for child in (task / "children").read_text().split()
+    ]
+    return [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
+def test_sigterm_ends_a_daemon_whose_worker_is_stopped(tmp_path: Path, faults: FaultServer) -> None:
+    """A `sshadapter serve` whose worker is SIGSTOPped under a large call: SIGTERM ends it
+    within drain_timeout_seconds plus a small grace, the call answered closed."""
+    commands, schemas = contract(tmp_path)
+    (commands / "blob.toml").write_text(BLOB_TOML.format(host="healthy"))
+    (schemas / "blob.v1.json").write_text(json.dumps(BLOB_SCHEMA))
+    socket_path, audit_path, drain = tmp_path / "s.sock", tmp_path / "audit.jsonl", 2.0
+    host = faults.host_section()
+    config = tmp_path / "config.toml"
+    config.write_text(f"""\
+[server]
+socket_path = "{socket_path}"
+allow = {{ uids = [{os.getuid()}] }}
+drain_timeout_seconds = {drain}
+evaluation_workers = 1
+
+[paths]
+commands = "{commands}"
+schemas = "{schemas}"
+
+[audit]
+path = "{audit_path}"
+fsync = "never"
+quarantine_dir = "{tmp_path / "quarantine"}"
+
+""")
+    for alias in ("faults", "healthy"):
+        with config.open("a") as file:
+            file.write(f"""
+[hosts.{alias}]
+address = "{host.address}"
+port = {host.port}
+user = "{host.user}"
+client_keys = ["{faults.client_key}"]
+known_hosts = "{faults.known_hosts}"
+""")
+    daemon = start_daemon(config, tmp_path / "notify")
+    try:
+        (worker,) = _workers_of(daemon.pid)
+        os.kill(worker, signal.SIGSTOP)
+        client = socket.socket(socket.AF_UNIX)
+        client.connect(str(socket_path))
+        client.sendall(orjson.dumps(blob(1_000_000)) + b"\n")
+        deadline = time.monotonic() + 30
+        while b'"type":"intent"' not in audit_path.read_bytes():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(1.0)  # the output is back and waiting for the stopped worker
+        started = time.monotonic()
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=drain + SHUTDOWN_GRACE_SECONDS + 30) == 0
+        assert time.monotonic() - started < drain + SHUTDOWN_GRACE_SECONDS
+        client.settimeout(5)
+        assert failure(orjson.loads(client.makefile("rb").readline())) == ("INTERNAL", False)
+        client.close()
+        assert not Path(f"/proc/{worker}").exists() or b"State:\tZ" in (
+            Path(f"/proc/{worker}/status").read_bytes()
+        )
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
 
 
 def _pool_of_workers_that_exit(workers: int) -> concurrent.futures.ProcessPoolExecutor:

@@ -24,7 +24,7 @@ import orjson
 from daemon_harness import JOB_COMMAND, JOB_OUT, ROOT, Running, shipped_commands, with_daemon
 from pydantic import BaseModel
 
-from sshadapter import envelope, errors
+from sshadapter import envelope, errors, offload
 from sshadapter.commandfile import CommandFile
 from sshadapter.config import ConfigFile
 from sshadapter.errors import UpstreamError
@@ -146,6 +146,20 @@ def test_every_code_stage_and_reason_is_documented() -> None:
     }
     missing = sorted(name for name in names if f"`{name}`" not in text)
     assert not missing, f"not in docs/protocol.md: {missing}"
+
+
+def test_the_evaluation_worker_bounds_are_documented_as_in_the_code() -> None:
+    """docs/ gives the evaluation workers' wait bound, exit grace and pool limit as offload.py."""
+    operations = (DOCS / "operations.md").read_text()
+    protocol = (DOCS / "protocol.md").read_text()
+    wait = f"{offload.JUDGE_TIMEOUT_SECONDS:g}"
+    assert f"longer than {wait} s\n(`offload.JUDGE_TIMEOUT_SECONDS`" in operations
+    assert f"within {wait}s`" in operations  # the log line
+    assert f"within {wait} s (`offload.JUDGE_TIMEOUT_SECONDS`)" in protocol
+    grace = f"{offload.WORKER_EXIT_GRACE_SECONDS:g} s"
+    assert f"{grace}\n     after being told to, `offload.WORKER_EXIT_GRACE_SECONDS`" in operations
+    assert offload.MAX_POOL_FAILURES == 3 and "after three failures" in operations
+    assert offload.MAX_JUDGE_ATTEMPTS == 2 and "judged again in the new workers" in operations
 
 
 def test_every_metric_is_documented() -> None:
