@@ -42,11 +42,16 @@ def write_log(path: Path, records: list[dict[str, object]], fsync: str = "never"
     return asyncio.run(main())
 
 
+def intent(request_id: str) -> dict[str, object]:
+    """The fields of an intent that `audit verify` reads."""
+    return {"type": "intent", "request_id": request_id, "tool": "t", "time": "x"}
+
+
 def sample(n: int) -> list[dict[str, object]]:
     out: list[dict[str, object]] = [{"type": "start"}]
     for i in range(n):
         out += [
-            {"type": "intent", "request_id": f"req.{i:08d}", "tool": "t", "time": "x"},
+            intent(f"req.{i:08d}"),
             {"type": "result", "request_id": f"req.{i:08d}", "attempts": [{}]},
         ]
     return out
@@ -121,7 +126,7 @@ def test_torn_last_write_is_recovered_on_restart(tmp_path: Path) -> None:
     write_log(path, sample(1))
     with path.open("ab") as f:
         f.write(b'{"type":"intent","request_id":"req.torn')
-    write_log(path, [{"type": "start"}, {"type": "intent", "request_id": "req.after"}])
+    write_log(path, [{"type": "start"}, intent("req.after")])
     report = verify([path])
     assert report.ok, report.summary()
     assert len(report.torn) == 1
@@ -147,7 +152,7 @@ def test_chain_continues_across_rotation(tmp_path: Path) -> None:
         await log.append({"type": "start"})
         path.rename(tmp_path / "a.jsonl.1")
         log.reopen()
-        await log.append({"type": "intent", "request_id": "req.00000001"})
+        await log.append(intent("req.00000001"))
         log.close()
 
     asyncio.run(main())
@@ -307,11 +312,11 @@ def test_full_disk_leaves_the_log_at_a_record_boundary(tiny_disk: Path) -> None:
         # (a partial record) or refused whole.
         for i in range(12):
             try:
-                await log.append({"type": "note", "n": i, "pad": "x" * 900})
+                await log.append({"type": "start", "n": i, "pad": "x" * 900})
             except AuditError as exc:
                 errors.append(exc.reason)
         filler.unlink()
-        await log.append({"type": "intent", "request_id": "req.after000", "tool": "t"})
+        await log.append(intent("req.after000"))
         await log.append({"type": "result", "request_id": "req.after000", "attempts": [{}]})
         log.close()
         return errors
@@ -320,7 +325,7 @@ def test_full_disk_leaves_the_log_at_a_record_boundary(tiny_disk: Path) -> None:
     assert len(errors) >= 8 and set(errors) == {"result_not_written"}
     lines = path.read_bytes().splitlines()
     kinds = [orjson.loads(line)["type"] for line in lines]  # every line parses
-    assert kinds == ["start", *["note"] * (12 - len(errors)), "intent", "result"]
+    assert kinds == ["start", *["start"] * (12 - len(errors)), "intent", "result"]
     report = verify([path])
     assert report.ok and not report.torn and not report.open_intents, report.summary()
 
@@ -539,7 +544,7 @@ async def main(path):
     log.open()
     for round_ in range(12):
         ids = [f"req.r{round_:02d}n{n}" for n in range(4)]
-        records = [{"type": "intent", "request_id": i} for i in ids]
+        records = [{"type": "intent", "request_id": i, "tool": "t", "time": "x"} for i in ids]
         tasks = [asyncio.create_task(log.append(r)) for r in records[:3]]
         for _ in range(round_ % 4):
             await asyncio.sleep(0)
