@@ -12,6 +12,12 @@ that is alone is synced on the loop itself while the disk is fast
 fsyncs in the background at most ``BATCH_INTERVAL_SECONDS`` after a write;
 ``never`` leaves it to the kernel.
 
+Rotation never costs a call: the file a reopen leaves is handed to the flusher,
+which syncs the records still waiting in it and only then closes it, and a
+descriptor is closed only once no thread is using it (``_AuditFile``). A
+record counts as durable only once its own file was synced, never because a
+newer file was.
+
 Every record is a whole line or nothing. A write cut short (a full disk) is
 truncated back to the last complete record before the append fails, so the
 next record starts at a record boundary; if even that fails, the next write
@@ -36,11 +42,13 @@ explicit fields, never from config objects or exception reprs of the transport.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import hashlib
 import logging
 import os
 import stat
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -68,19 +76,68 @@ _FSYNC_EWMA_WEIGHT: Final = 0.2  # how fast the running estimate of an fsync fol
 TAIL_READ_BYTES: Final = 1024 * 1024  # enough to find the last record of an existing file
 
 
+class _AuditFile:
+    """One open audit file: its descriptor is closed only once nothing may still use it.
+
+    The flusher syncs in a thread while the loop may rotate the file away; closing the
+    descriptor under that thread would fail its fsync (EBADF) or, once the number is
+    reused, sync some other file. So every sync holds a reference, and ``release``
+    closes the descriptor when the last reference goes (in whichever thread that is).
+    """
+
+    def __init__(self, fd: int) -> None:
+        info = os.fstat(fd)
+        self.fd = fd
+        self.identity = (info.st_dev, info.st_ino)
+        self.last = 0  # number of the last record written to this file (0: none)
+        self._lock = threading.Lock()
+        self._users = 0  # syncs in progress
+        self._released = False  # the owner is done with it: close once unused
+        self._closed = False
+
+    def sync(self) -> None:
+        """fsync the file; safe from any thread, at any time, even after ``release``."""
+        with self._lock:
+            if self._closed:
+                raise OSError(errno.EBADF, "audit file closed before its records were synced")
+            self._users += 1
+        try:
+            os.fsync(self.fd)
+        finally:
+            with self._lock:
+                self._users -= 1
+                self._close_if_done()
+
+    def release(self) -> None:
+        """Close the descriptor now, or when the sync still running ends. Idempotent."""
+        with self._lock:
+            self._released = True
+            self._close_if_done()
+
+    def _close_if_done(self) -> None:
+        if self._released and not self._users and not self._closed:
+            self._closed = True
+            try:
+                os.close(self.fd)
+            except OSError as exc:
+                log.error("audit file not closed: %s", exc.strerror)
+
+
 class AuditLog:
     """An append-only JSON-lines file shared by every call of one daemon."""
 
     def __init__(self, path: Path, *, fsync: FsyncPolicy = "always") -> None:
         self.path = path
         self.fsync = fsync
-        self._fd: int | None = None
-        self._identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the open file
+        self._file: _AuditFile | None = None  # the file records are appended to
+        # Files a reopen left with records not yet synced, oldest first: the flusher
+        # syncs each, then releases it.
+        self._retired: deque[_AuditFile] = deque()
         self._end = 0  # offset just after the last complete record
         self._torn = False  # a failed write left bytes after _end that could not be cut
         self._prev = GENESIS
         self._written = 0  # records written since start
-        self._synced = 0  # records known durable
+        self._settled = 0  # records whose sync is over: durable, or their appends failed
         self._waiters: deque[tuple[int, asyncio.Future[None], str]] = deque()
         self._flusher: asyncio.Task[None] | None = None
         self.syncs = 0
@@ -95,38 +152,70 @@ class AuditLog:
         Raises ConfigError naming the path and the fix when the file or its
         directory cannot be used (a symlink, another owner, group or other access).
         """
-        fd = self._open_checked()
-        last, torn = _last_line(fd)
-        if torn:  # a crash mid-write (power loss): end the torn line so the next one is whole
-            os.write(fd, b"\n")
-        if last is not None:
-            self._prev = hashlib.sha256(last).hexdigest()
-        self._adopt(fd)
+        self._file = self._open_new()
 
     def reopen(self) -> None:
         """After logrotate moved the file away (SIGHUP): continue the chain in a new file.
 
-        If the new path cannot be used, the old file stays open and the error is raised.
+        The old file is synced (its records may still be waiting) and closed by the
+        flusher. If the new path cannot be used, the old file stays open and the error
+        is raised.
         """
-        old, prev = self._fd, self._prev
-        fd = self._open_checked()
-        last, torn = _last_line(fd)
-        if torn:
-            os.write(fd, b"\n")
-        self._prev = prev if last is None else hashlib.sha256(last).hexdigest()
-        self._adopt(fd)
+        new = self._open_new()
+        old, self._file = self._file, new
         if old is not None:
-            os.close(old)
+            self._retire(old)
 
     def close(self) -> None:
-        if self._fd is not None:
-            if self.fsync != "never":
+        """Sync (unless ``never``) and close every file; appends still waiting settle here."""
+        files = [*self._retired, *([self._file] if self._file is not None else [])]
+        self._retired.clear()
+        self._file = None
+        failure: OSError | None = None
+        for file in files:
+            if self.fsync != "never" and file.last > self._settled:
                 try:
-                    os.fsync(self._fd)
+                    file.sync()
                 except OSError as exc:
                     log.error("audit log not synced at close: %s", exc.strerror)
-            os.close(self._fd)
-            self._fd = None
+                    failure = failure or exc
+            file.release()
+        self._settle(self._written, failure)
+
+    def _open_new(self) -> _AuditFile:
+        """Open the path, end a torn last line; the chain goes on from its last record.
+
+        An empty file (a new one after rotation) continues from the last record written.
+        """
+        fd = self._open_checked()
+        try:
+            last, torn = _last_line(fd)
+            if torn:  # a crash mid-write (power loss): end the torn line so the next one is whole
+                os.write(fd, b"\n")
+            file = _AuditFile(fd)
+        except OSError as exc:
+            os.close(fd)
+            raise ConfigError(str(self.path), "audit.path", f"cannot read: {exc.strerror}") from exc
+        if last is not None:
+            self._prev = hashlib.sha256(last).hexdigest()
+        self._end = os.fstat(fd).st_size
+        self._torn = False
+        return file
+
+    def _retire(self, old: _AuditFile) -> None:
+        """Hand a file a reopen left to the flusher: synced first if records wait in it."""
+        if self.fsync == "never" or old.last <= self._settled:
+            old.release()  # nothing to sync; a sync still running keeps it open until done
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop, so no append is waiting on it: sync it here
+            with contextlib.suppress(OSError):
+                old.sync()
+            old.release()
+            return
+        self._retired.append(old)
+        self._start_flusher(delay=0.0 if self.fsync == "always" else BATCH_INTERVAL_SECONDS)
 
     def _open_checked(self) -> int:
         make_private_dirs(self.path.parent, key="audit.path")
@@ -146,13 +235,6 @@ class AuditLog:
             raise
         return fd
 
-    def _adopt(self, fd: int) -> None:
-        info = os.fstat(fd)
-        self._fd = fd
-        self._identity = (info.st_dev, info.st_ino)
-        self._end = info.st_size
-        self._torn = False
-
     # writing -----------------------------------------------------------------------
 
     def write(self, record: Mapping[str, Any]) -> int:
@@ -162,9 +244,10 @@ class AuditLog:
         whole line of the file; the file is then back at a record boundary.
         """
         reason = _not_written(record)
-        if self._fd is None:
+        if self._file is None:
             raise AuditError(reason, "audit log is not open")
         self._follow_path()
+        file = self._file
         try:
             body = orjson.dumps({**record, "prev": self._prev})
         except (TypeError, orjson.JSONEncodeError) as exc:  # a bug: a field that is not JSON
@@ -173,7 +256,7 @@ class AuditLog:
         if self._torn and not self._restore_boundary():
             line = b"\n" + line  # end the fragment: it becomes a fault line of its own
         try:
-            written = os.write(self._fd, line)
+            written = os.write(file.fd, line)
         except OSError as exc:
             self._restore_boundary()
             raise AuditError(reason, f"{exc.strerror} writing {self.path}") from exc
@@ -184,14 +267,15 @@ class AuditLog:
         self._torn = False
         self._prev = hashlib.sha256(body).hexdigest()
         self._written += 1
+        file.last = self._written
         return self._written
 
     def _restore_boundary(self) -> bool:
         """Cut whatever a failed write left after the last complete record."""
-        assert self._fd is not None
+        assert self._file is not None
         try:
-            if os.fstat(self._fd).st_size != self._end:
-                os.ftruncate(self._fd, self._end)
+            if os.fstat(self._file.fd).st_size != self._end:
+                os.ftruncate(self._file.fd, self._end)
         except OSError as exc:
             log.error("audit log %s: cannot cut a partial record: %s", self.path, exc.strerror)
             self._torn = True
@@ -203,7 +287,7 @@ class AuditLog:
         """Reopen when the path no longer names the open file (deleted or moved away)."""
         try:
             info = os.stat(self.path, follow_symlinks=False)
-            same = (info.st_dev, info.st_ino) == self._identity
+            same = self._file is not None and (info.st_dev, info.st_ino) == self._file.identity
         except FileNotFoundError:
             same = False
         except OSError:
@@ -239,37 +323,54 @@ class AuditLog:
             self._flusher = asyncio.create_task(self._flush(delay))
 
     async def _flush(self, delay: float) -> None:
-        """Group commit: one fsync covers every record written before it started."""
+        """Group commit: one fsync covers every record written to its file before it started.
+
+        Retired files first, oldest first: a record is settled by a sync of its own file.
+        """
         if delay:
             await asyncio.sleep(delay)
-        while self._synced < self._written:
-            target, fd = self._written, self._fd
-            try:
-                if fd is None:
-                    raise OSError(0, "audit log closed before its records were synced")
-                started = time.monotonic()
-                # The flusher runs a loop turn after the appends that woke it, so a burst
-                # has written all its records by now: one record alone is synced inline.
-                alone = target - self._synced == 1 and len(self._waiters) <= 1
-                if alone and self._fsync_seconds < INLINE_FSYNC_MAX_SECONDS:
-                    os.fsync(fd)
-                else:
-                    await asyncio.to_thread(os.fsync, fd)
-                self._measured(time.monotonic() - started)
-                self.syncs += 1
-            except OSError as exc:
-                while self._waiters:
-                    _, waiter, reason = self._waiters.popleft()
-                    if not waiter.done():
-                        waiter.set_exception(
-                            AuditError(reason, f"{exc.strerror} syncing {self.path}")
-                        )
+        while self._settled < self._written or self._retired:
+            file = self._retired[0] if self._retired else self._file
+            if file is None:  # closed: close() settled what it could
                 return
-            self._synced = target
-            while self._waiters and self._waiters[0][0] <= target:
-                _, waiter, _ = self._waiters.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)
+            # Records (settled, target] are all in this file: older files were settled
+            # first, and a retired file takes no more records.
+            target = file.last
+            if target > self._settled:
+                failure = await self._sync(file, target)
+                self._settle(target, failure)
+            if self._retired and self._retired[0] is file and file.last <= self._settled:
+                self._retired.popleft()
+                file.release()
+
+    async def _sync(self, file: _AuditFile, target: int) -> OSError | None:
+        """fsync ``file``: on the loop for a lone record on a fast disk, else in a thread."""
+        try:
+            started = time.monotonic()
+            # The flusher runs a loop turn after the appends that woke it, so a burst
+            # has written all its records by now: one record alone is synced inline.
+            alone = target - self._settled == 1 and len(self._waiters) <= 1
+            if alone and self._fsync_seconds < INLINE_FSYNC_MAX_SECONDS:
+                file.sync()
+            else:
+                await asyncio.to_thread(file.sync)
+        except OSError as exc:
+            return exc
+        self._measured(time.monotonic() - started)
+        self.syncs += 1
+        return None
+
+    def _settle(self, target: int, failure: OSError | None) -> None:
+        """Answer every append of a record up to ``target``: durable, or failed by ``failure``."""
+        self._settled = max(self._settled, target)
+        while self._waiters and self._waiters[0][0] <= target:
+            _, waiter, reason = self._waiters.popleft()
+            if waiter.done():
+                continue
+            if failure is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(AuditError(reason, f"{failure.strerror} syncing {self.path}"))
 
 
 def _not_written(record: Mapping[str, Any]) -> str:

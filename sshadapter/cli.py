@@ -116,13 +116,27 @@ def _parser() -> argparse.ArgumentParser:
 
     audit = sub.add_parser("audit", help="work with the audit trail")
     audit_sub = audit.add_subparsers(dest="audit_command", metavar="COMMAND", required=True)
-    verify = audit_sub.add_parser("verify", help="check the hash chain and list open intents")
+    verify = audit_sub.add_parser(
+        "verify",
+        help="check the hash chain and list open intents",
+        description="Check the hash chain across the audit files and list the intents "
+        "without a result. One file (by default the [audit] path of the config) is read "
+        "with its rotated siblings (PATH.N and PATH-DATE, optionally .gz), oldest first; "
+        "several files are read as given. Exit 0: intact, 1: a break, 2: a file that "
+        "cannot be read.",
+    )
     verify.add_argument(
         "paths",
         nargs="*",
         type=Path,
         metavar="PATH",
-        help="audit files, oldest first (default: [audit] path of the config)",
+        help="audit files, oldest first (default: [audit] path of the config and its "
+        "rotated files)",
+    )
+    verify.add_argument(
+        "--only",
+        action="store_true",
+        help="read only the files given, not the rotated siblings of a single PATH",
     )
     _add_config(verify)
     verify.set_defaults(handler=_cmd_audit_verify)
@@ -198,7 +212,7 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit_verify(args: argparse.Namespace) -> int:
-    from sshadapter.audit_verify import verify
+    from sshadapter.audit_verify import UnreadableTrail, trail, verify
     from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
 
     paths = args.paths
@@ -206,9 +220,11 @@ def _cmd_audit_verify(args: argparse.Namespace) -> int:
         path = args.config or (DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None)
         paths = [load_config(path)[0].audit.path]
     try:
+        if len(paths) == 1 and not args.only:
+            paths = trail(paths[0])
         report = verify(paths)
-    except OSError as exc:
-        print(f"sshadapter: {exc.filename}: {exc.strerror}", file=sys.stderr)
+    except UnreadableTrail as exc:
+        print(f"sshadapter: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(report.summary())
     return EXIT_OK if report.ok else EXIT_FAILED

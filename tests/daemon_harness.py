@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from sshadapter.audit import FsyncPolicy
 from sshadapter.config import (
     Allow,
     AuditSection,
@@ -94,6 +95,7 @@ def with_daemon(
     socket_mode: int = 0o600,
     socket_dir: Path | None = None,
     audit_path: Path | None = None,
+    audit_fsync: FsyncPolicy = "never",
     judge: Judge | None = None,
     ssh: bool = False,
     dispatch_hosts: Collection[str] = (),
@@ -121,7 +123,7 @@ def with_daemon(
             paths=PathsSection(commands=commands, schemas=schemas),
             audit=AuditSection(
                 path=audit_file,
-                fsync="never",
+                fsync=audit_fsync,
                 quarantine_dir=tmp_path / "quarantine",
                 quarantine_max_bytes=1024 * 1024 if quarantine else 0,
             ),

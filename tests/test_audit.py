@@ -6,14 +6,19 @@ import asyncio
 import contextlib
 import os
 import pwd
+import random
+import re
+import shutil
+import signal
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
-from daemon_harness import JOB_COMMAND, JOB_OUT, Running, with_daemon
+from daemon_harness import JOB_COMMAND, JOB_OUT, Running, shipped_commands, with_daemon
 
 from sshadapter.audit import GENESIS, AuditLog
 from sshadapter.audit_verify import verify
@@ -37,11 +42,16 @@ def write_log(path: Path, records: list[dict[str, object]], fsync: str = "never"
     return asyncio.run(main())
 
 
+def intent(request_id: str) -> dict[str, object]:
+    """The fields of an intent that `audit verify` reads."""
+    return {"type": "intent", "request_id": request_id, "tool": "t", "time": "x"}
+
+
 def sample(n: int) -> list[dict[str, object]]:
     out: list[dict[str, object]] = [{"type": "start"}]
     for i in range(n):
         out += [
-            {"type": "intent", "request_id": f"req.{i:08d}", "tool": "t", "time": "x"},
+            intent(f"req.{i:08d}"),
             {"type": "result", "request_id": f"req.{i:08d}", "attempts": [{}]},
         ]
     return out
@@ -116,7 +126,7 @@ def test_torn_last_write_is_recovered_on_restart(tmp_path: Path) -> None:
     write_log(path, sample(1))
     with path.open("ab") as f:
         f.write(b'{"type":"intent","request_id":"req.torn')
-    write_log(path, [{"type": "start"}, {"type": "intent", "request_id": "req.after"}])
+    write_log(path, [{"type": "start"}, intent("req.after")])
     report = verify([path])
     assert report.ok, report.summary()
     assert len(report.torn) == 1
@@ -142,7 +152,7 @@ def test_chain_continues_across_rotation(tmp_path: Path) -> None:
         await log.append({"type": "start"})
         path.rename(tmp_path / "a.jsonl.1")
         log.reopen()
-        await log.append({"type": "intent", "request_id": "req.00000001"})
+        await log.append(intent("req.00000001"))
         log.close()
 
     asyncio.run(main())
@@ -302,11 +312,11 @@ def test_full_disk_leaves_the_log_at_a_record_boundary(tiny_disk: Path) -> None:
         # (a partial record) or refused whole.
         for i in range(12):
             try:
-                await log.append({"type": "note", "n": i, "pad": "x" * 900})
+                await log.append({"type": "start", "n": i, "pad": "x" * 900})
             except AuditError as exc:
                 errors.append(exc.reason)
         filler.unlink()
-        await log.append({"type": "intent", "request_id": "req.after000", "tool": "t"})
+        await log.append(intent("req.after000"))
         await log.append({"type": "result", "request_id": "req.after000", "attempts": [{}]})
         log.close()
         return errors
@@ -315,7 +325,7 @@ def test_full_disk_leaves_the_log_at_a_record_boundary(tiny_disk: Path) -> None:
     assert len(errors) >= 8 and set(errors) == {"result_not_written"}
     lines = path.read_bytes().splitlines()
     kinds = [orjson.loads(line)["type"] for line in lines]  # every line parses
-    assert kinds == ["start", *["note"] * (12 - len(errors)), "intent", "result"]
+    assert kinds == ["start", *["start"] * (12 - len(errors)), "intent", "result"]
     report = verify([path])
     assert report.ok and not report.torn and not report.open_intents, report.summary()
 
@@ -445,3 +455,155 @@ def test_symlinked_paths_are_refused(tmp_path: Path, what: str) -> None:
         with pytest.raises(ConfigError) as refused:
             Quarantine(link, 1024).open()
     assert refused.value.file == str(link) and "symlink" in refused.value.reason
+
+
+# --- rotation under load (issue 17) ----------------------------------------------------------
+
+ROTATIONS = 25  # the renames of the issue's report, each while calls are in flight
+REMOTE_SECONDS = 0.004  # the longest a scripted remote command takes, spreading the writes
+AGENTS = 8  # concurrent callers, so group commit hands fsyncs to threads
+
+
+def rotate(path: Path) -> None:
+    """What logrotate does without `copytruncate`: .N -> .N+1, ..., the file itself -> .1."""
+    if not path.exists():  # `missingok`: nothing written since the last rotation
+        return
+    rotated = sorted(
+        (p for p in path.parent.glob(path.name + ".*") if p.suffix[1:].isdigit()),
+        key=lambda p: int(p.suffix[1:]),
+        reverse=True,
+    )
+    for old in rotated:
+        old.rename(path.with_name(f"{path.name}.{int(old.suffix[1:]) + 1}"))
+    path.rename(path.with_name(path.name + ".1"))
+
+
+def trail(path: Path) -> list[Path]:
+    """The current file and its rotated siblings, oldest first."""
+    rotated = [p for p in path.parent.glob(path.name + ".*") if p.suffix[1:].isdigit()]
+    return [*sorted(rotated, key=lambda p: -int(p.suffix[1:])), path]
+
+
+@pytest.mark.parametrize("sighup", [True, False], ids=["sighup", "no_sighup"])
+def test_rotation_under_concurrent_calls_fails_no_call(tmp_path: Path, sighup: bool) -> None:
+    """25 renames of the audit file under 8 agents: no call fails, each answer is in the trail."""
+    path = tmp_path / "audit.jsonl"
+    answers: list[dict[str, object]] = []
+    pace = random.Random(17)
+
+    async def remote() -> RunResult:  # a remote command takes a moment, as over SSH
+        await asyncio.sleep(pace.uniform(0, REMOTE_SECONDS))
+        return RunResult(orjson.dumps(JOB_OUT), b"", 0)
+
+    async def body(d: Running) -> None:
+        done = asyncio.Event()
+
+        async def agent() -> None:
+            while not done.is_set():
+                answers.append(await d.ask(CALL))
+
+        async def rotations() -> None:
+            for _ in range(ROTATIONS):
+                await asyncio.sleep(0.02)
+                rotate(path)
+                if sighup:
+                    os.kill(os.getpid(), signal.SIGHUP)
+            await asyncio.sleep(0.02)
+            done.set()
+
+        await asyncio.gather(rotations(), *(agent() for _ in range(AGENTS)))
+
+    commands = tmp_path / "commands"  # the one tool called: a reload is quick, as in production
+    commands.mkdir()
+    source = shipped_commands(tmp_path / "all") / "job_run_status.toml"
+    (commands / source.name).write_bytes(source.read_bytes())
+    runner = ScriptedRunner({JOB_COMMAND: remote})
+    with_daemon(
+        tmp_path, body, runner=runner, commands=commands, audit_path=path, audit_fsync="always"
+    )
+    failed = [a for a in answers if a["outcome"] != "success"]
+    assert not failed and len(answers) >= ROTATIONS, (len(failed), len(answers))
+    files = trail(path)
+    records = [orjson.loads(line) for f in files for line in f.read_bytes().splitlines()]
+    written = {(r["type"], r.get("request_id")) for r in records}
+    for answer in answers:
+        assert {("intent", answer["request_id"]), ("result", answer["request_id"])} <= written
+    report = verify(files)
+    assert report.ok and not report.open_intents, report.summary()
+
+
+# Appends in flight while the file is rotated, each round rotating at another moment:
+# before the flusher ran, while its thread syncs, after. Prints the acknowledged ids.
+ROTATING_WRITER = r"""
+import asyncio, sys
+from pathlib import Path
+from sshadapter.audit import AuditLog
+
+async def main(path):
+    log = AuditLog(path, fsync="always")
+    log.open()
+    for round_ in range(12):
+        ids = [f"req.r{round_:02d}n{n}" for n in range(4)]
+        records = [{"type": "intent", "request_id": i, "tool": "t", "time": "x"} for i in ids]
+        tasks = [asyncio.create_task(log.append(r)) for r in records[:3]]
+        for _ in range(round_ % 4):
+            await asyncio.sleep(0)
+        path.rename(path.with_name(f"{path.name}.{round_ + 1}"))
+        log.reopen()
+        tasks.append(asyncio.create_task(log.append(records[3])))
+        for i, outcome in zip(ids, await asyncio.gather(*tasks, return_exceptions=True)):
+            if outcome is None:
+                print(i, flush=True)
+    log.close()
+
+asyncio.run(main(Path(sys.argv[1])))
+"""
+
+
+def syscalls(trace: str) -> list[tuple[str, str, str, int, int]]:
+    """strace -f output as (name, arguments, result, start line, end line), threads joined."""
+    calls = []
+    unfinished: dict[str, tuple[str, str, int]] = {}
+    for number, line in enumerate(trace.splitlines()):
+        pid, _, rest = line.partition(" ")
+        rest = rest.strip()
+        if started := re.fullmatch(r"(\w+)\((.*) <unfinished \.\.\.>", rest):
+            unfinished[pid] = (started[1], started[2], number)
+        elif resumed := re.fullmatch(r"<\.\.\. (\w+) resumed>(.*)\) += (.*)", rest):
+            name, arguments, start = unfinished.pop(pid)
+            calls.append((name, arguments + resumed[2], resumed[3], start, number))
+        elif whole := re.fullmatch(r"(\w+)\((.*)\) += (.*)", rest):
+            calls.append((whole[1], whole[2], whole[3], number, number))
+    return calls
+
+
+def test_each_acknowledged_record_was_synced_in_its_own_file(tmp_path: Path) -> None:
+    """strace: every acknowledged record's fd was fsynced after its write, before its close."""
+    if not shutil.which("strace"):
+        if os.environ.get("CI"):
+            pytest.fail("strace is missing: ./scripts/install-test-deps installs it")
+        pytest.skip("strace not installed")
+    path, out = tmp_path / "audit.jsonl", tmp_path / "trace"
+    strace = ["strace", "-f", "-qq", "-s", "64", "-e", "trace=write,fsync,close", "-o", str(out)]
+    run = subprocess.run(
+        [*strace, sys.executable, "-c", ROTATING_WRITER, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    acknowledged = run.stdout.split()
+    assert len(acknowledged) == 48, run.stdout  # no append failed
+    calls = syscalls(out.read_text())
+    assert not [c for c in calls if "EBADF" in c[2]]
+    for request_id in acknowledged:
+        (write,) = [c for c in calls if c[0] == "write" and f"{request_id}\\" in c[1]]
+        fd = write[1].split(",")[0]
+        closed = min(c[3] for c in calls if c[0] == "close" and c[1] == fd and c[3] > write[4])
+        synced = [
+            c
+            for c in calls
+            if c[0] == "fsync" and c[1] == fd and write[4] < c[3] and c[4] < closed and c[2] == "0"
+        ]
+        assert synced, f"{request_id} acknowledged, but fd {fd} closed without an fsync after it"
