@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import strategies as st
+from sshd import default_signals
 
 from sshadapter import dispatcher, policy
 from sshadapter.registry import Operation, Registry, load_registry
@@ -156,6 +157,7 @@ def run_dispatcher(
         stdin=subprocess.DEVNULL,
         capture_output=True,
         timeout=30,
+        preexec_fn=default_signals(),  # as sshd starts a session, whatever started the suite
     )
 
 

@@ -13,10 +13,12 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -503,8 +505,22 @@ def local_policy(tmp_path: Path) -> Path:
     return write_policy(tmp_path / "policy.json", REGISTRY.policies["local"])
 
 
+@contextmanager
+def inherited_ignores(*signals: signal.Signals) -> Iterator[None]:
+    """This process ignoring ``signals``, as when a shell starts the suite in the background."""
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def test_an_allowed_command_runs_with_the_fixed_environment(tmp_path: Path) -> None:
-    """The program sees PATH, HOME, USER, LOGNAME only; stdin is /dev/null; SIGPIPE is default."""
+    """The program sees PATH, HOME, USER, LOGNAME only; stdin is /dev/null; SIGPIPE is default.
+
+    Whatever the suite inherited: here it ignores SIGQUIT and SIGINT (``./scripts/test &``).
+    """
     probe = {
         "environment": ["/usr/bin/env"],
         "stdin": ["/usr/bin/readlink", "/proc/self/fd/0"],
@@ -516,7 +532,8 @@ def test_an_allowed_command_runs_with_the_fixed_environment(tmp_path: Path) -> N
 
     def run(name: str) -> str:
         command = " ".join(shlex.quote(e) for e in probe[name])
-        done = run_dispatcher(path, command, env=smuggled)
+        with inherited_ignores(signal.SIGQUIT, signal.SIGINT):
+            done = run_dispatcher(path, command, env=smuggled)
         assert done.returncode == 0, done.stderr
         return done.stdout.decode()
 
