@@ -634,3 +634,52 @@ def test_check_hosts_names_what_a_host_lacks(
     assert report[-1]["got"]["refused"] == ["mount_info"]
     write_policy(installed, full.policies["local"])
     assert cli_main(["check", "--config", str(config), "--hosts"]) == 0
+
+
+# Patterns with escapes -------------------------------------------------------------------
+
+
+def test_an_operation_whose_pattern_has_unicode_escapes_runs_on_a_dispatch_host(
+    host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`^[a-z\\u00e0-\\u00ff]{1,20}$`: `sshadapter policy` writes it, the host runs the call."""
+    commands = open_commands(tmp_path / "commands")
+    for path in commands.glob("*.toml"):
+        if 'host = "ci"' in path.read_text():
+            path.unlink()
+    greet = (
+        (commands / "load_average.toml")
+        .read_text()
+        .replace(
+            'argv = ["cat", "/proc/loadavg"]', f'argv = ["{host.bin / "argv-echo"}", "{{name}}"]'
+        )
+        .replace(
+            "[output]",
+            "[params.name]\ntype = \"string\"\npattern = '^[a-z\\u00e0-\\u00ff]{1,20}\\s?$'\n\n"
+            "[output]",
+        )
+    )
+    (commands / "greet.toml").write_text(greet)
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[paths]\ncommands = "{commands}"\nschemas = "{ROOT / "schemas"}"\n\n'
+        + host.sshd.host_toml("local", dispatch=True)
+    )
+    assert cli_main(["policy", "local", "--config", str(config)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["operations"]["greet"]["params"]["name"]["pattern"].startswith("\\A[a-zà-ÿ]")
+    host.use(host.install("greet", printed))
+    op = registry_of(commands).operations["greet"]
+    good, bad = ["àbcÿ", "zé\u3000", "ab\n"], ["Àbc", "ab\u0100", "ab\x85", "ab\n\n"]
+    for name in good + bad:
+        assert op.params_validator.is_valid({"name": name}) == (name in good), name
+    results = asyncio.run(run_all(host.sshd, [op.command({"name": n}) for n in good + bad]))
+    for name, result in zip(good + bad, results, strict=True):
+        if name in good:
+            assert result.exit_status == 0, (name, result.stderr)
+            assert json.loads(result.stdout) == [name]
+        else:
+            assert result.exit_status == dispatcher.REFUSED_STATUS, name
+            assert "(bad_argument)" in result.stderr
+    log = host.logged(len(good + bad))
+    assert sum("allowed operation=greet" in line for line in log) == len(good)
