@@ -507,10 +507,25 @@ def running_fault_server(workdir: Path) -> Iterator[FaultServer]:
 
 @contextlib.contextmanager
 def host_directory() -> Iterator[Path]:
-    """A directory standing for a host's files, readable by the login account (0755)."""
-    directory = Path(tempfile.mkdtemp(prefix="sshadapter-host-"))
+    """A directory standing for a host's files, readable by the login account (0755).
+
+    The dispatcher reads a policy only where nobody but root (or the forced
+    command's ``--policy-owner``) could change it, so not under /tmp (1777):
+    as root under /run (0755 root), otherwise under the user's home, which
+    ``policy_owner_args()`` then names."""
+    directory = Path(tempfile.mkdtemp(prefix="sshadapter-host-", dir=trusted_base()))
     try:
         directory.chmod(0o755)
         yield directory
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def trusted_base() -> Path:
+    """Where host_directory() makes its directories: a chain no one else may write."""
+    return Path("/run") if os.geteuid() == 0 else Path.home()
+
+
+def policy_owner_args() -> list[str]:
+    """The dispatcher's ``--policy-owner`` when the tests cannot make root's files."""
+    return [] if os.geteuid() == 0 else ["--policy-owner", str(os.geteuid())]

@@ -40,7 +40,7 @@ from dispatch_support import (
     syslog_listener,
     write_policy,
 )
-from sshd import Sshd, generate_key, host_directory, running_sshd
+from sshd import Sshd, generate_key, host_directory, policy_owner_args, running_sshd
 from test_commands import HOSTILE_ARGUMENTS
 
 from sshadapter import dispatcher, policy
@@ -90,7 +90,8 @@ class Host:
         return write_policy(self.root / f"{name}.json", document)
 
     def options(self, policy_file: Path, *, restrict: bool = True) -> str:
-        command = f"{self.dispatch} --log-socket {self.log_socket} {policy_file}"
+        owner = "".join(f"{arg} " for arg in policy_owner_args())
+        command = f"{self.dispatch} {owner}--log-socket {self.log_socket} {policy_file}"
         return ("restrict," if restrict else "") + f'from="127.0.0.1",command="{command}"'
 
     def use(self, policy_file: Path, *, restrict: bool = True) -> str:
@@ -431,7 +432,7 @@ def test_the_command_line_client_gets_no_shell(local_host: Host) -> None:
             continue
         # restrict: no PTY. The client gives up at once; the dispatcher may still be started.
         assert done.returncode == 255 and "PTY allocation request failed" in done.stderr
-        log = host.logged()
+        log = host.logged(1)  # its line may come after the client has gone: not in the next case
         assert log == [] or (len(log) == 1 and f"refused reason={reason}" in log[0]), log
         assert not host.marker.exists()
 
