@@ -38,6 +38,7 @@ import os
 import pwd
 import re
 import signal
+import stat
 import sys
 import time
 
@@ -84,6 +85,17 @@ DIGEST_COMMAND = "#sshadapter-policy-digest"
 # all, and it is at least the daemon's own argv.MAX_COMMAND_BYTES (64 KiB).
 MAX_COMMAND_BYTES = 128 * 1024
 MAX_POLICY_BYTES = 4 * 1024 * 1024  # a policy is a few KB per operation
+# Whoever can write the policy decides what this account runs, and its digest is no signature:
+# like sshd's StrictModes, the file and every directory above it must be owned by root and
+# writable by nobody else (no group or other write bit).
+TRUSTED_OWNER = 0
+UNSAFE_MODE_BITS = 0o022
+# Reading a directory needs only search permission (O_PATH); O_NONBLOCK: a FIFO put in the
+# policy's place does not hang the call before it is found not to be a regular file.
+_DIRECTORY_FLAGS = (
+    getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+)
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 # CPU for reading the policy and judging one command: a real call needs ~1 ms; a thief's
 # input that makes a pattern backtrack is cut here and refused (`too_costly`).
 MAX_DECISION_CPU_SECONDS = 0.5
@@ -111,7 +123,8 @@ REASONS = (
     "bad_argument",  # an operation has this shape, but an argument fails its schema
     "ambiguous",  # more than one operation accepts it
     "too_costly",  # judging it took over MAX_DECISION_CPU_SECONDS
-    "policy_unreadable",  # the policy file is missing, unreadable or too large
+    "policy_unreadable",  # the policy file is missing, unreadable, not a regular file or too large
+    "policy_unsafe",  # someone but root could change the policy: owner, mode, or a symlink
     "policy_invalid",  # the policy is not a policy this dispatcher understands, or edited
     "bad_invocation",  # the forced command itself is wrong
 )
@@ -147,10 +160,11 @@ _FORMATS = ("date-time",)
 class Refused(Exception):
     """Nothing runs: ``reason`` is one of REASONS."""
 
-    def __init__(self, reason: str, operation: str = "") -> None:
+    def __init__(self, reason: str, operation: str = "", path: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
         self.operation = operation
+        self.path = path  # for the host's log only: the file or directory at fault
 
 
 class _TooCostly(Exception):
@@ -178,21 +192,76 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def read_policy(path: str) -> dict[str, Any]:
+def read_policy(path: str, owner: int = TRUSTED_OWNER) -> dict[str, Any]:
     """The policy at ``path``, checked whole: any doubt refuses every command."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_POLICY_BYTES + 1)
-    except OSError:
-        raise Refused("policy_unreadable") from None
-    if len(raw) > MAX_POLICY_BYTES:
-        raise Refused("policy_unreadable")
+    raw = read_policy_bytes(path, owner)
     try:
         policy = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise Refused("policy_invalid") from None
     check_policy(policy)
     return policy  # type: ignore[no-any-return]
+
+
+def read_policy_bytes(path: str, owner: int = TRUSTED_OWNER) -> bytes:
+    """The file's bytes, if only root (or ``owner``) could have written them.
+
+    Walked from ``/`` one component at a time, each opened relative to the
+    last without following a symbolic link, and checked on the open
+    descriptor (no name is looked up twice): every directory and the file
+    owned by root or ``owner`` and without a group or other write bit, the
+    file a regular one of at most MAX_POLICY_BYTES, read through that
+    descriptor.
+    """
+    names = path.split("/")[1:] if path.startswith("/") else []
+    if not names or any(name in ("", ".", "..") for name in names):
+        raise Refused("policy_unsafe", path=path)  # relative, or not one plain path
+    owners = {TRUSTED_OWNER, owner}
+    fd = os.open("/", _DIRECTORY_FLAGS)
+    try:
+        _check_owner(fd, owners, "/")
+        for depth, name in enumerate(names):
+            here = "/" + "/".join(names[: depth + 1])
+            last = depth == len(names) - 1
+            try:
+                opened = os.open(name, _FILE_FLAGS if last else _DIRECTORY_FLAGS, dir_fd=fd)
+            except OSError:
+                raise _open_refusal(name, fd, here) from None
+            os.close(fd)
+            fd = opened
+            info = _check_owner(fd, owners, here)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_POLICY_BYTES:
+            raise Refused("policy_unreadable", path=path)
+        chunks, size = [], 0
+        while size <= MAX_POLICY_BYTES:  # it may grow while read: the bound holds anyway
+            chunk = os.read(fd, MAX_POLICY_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError:
+        raise Refused("policy_unreadable", path=path) from None
+    finally:
+        os.close(fd)
+    if size > MAX_POLICY_BYTES:
+        raise Refused("policy_unreadable", path=path)
+    return b"".join(chunks)
+
+
+def _check_owner(fd: int, owners: set[int], here: str) -> os.stat_result:
+    info = os.fstat(fd)
+    if info.st_uid not in owners or info.st_mode & UNSAFE_MODE_BITS:
+        raise Refused("policy_unsafe", path=here)
+    return info
+
+
+def _open_refusal(name: str, directory: int, here: str) -> Refused:
+    """Why ``name`` did not open: a symbolic link is unsafe, anything else unreadable."""
+    try:
+        link = stat.S_ISLNK(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode)
+    except OSError:
+        link = False
+    return Refused("policy_unsafe" if link else "policy_unreadable", path=here)
 
 
 def check_policy(policy: Any) -> None:
@@ -501,10 +570,15 @@ def _resolve(program: str) -> str | None:
     return None
 
 
-def _refuse(reason: str, raw: bytes | None, log_socket: str, operation: str = "") -> int:
-    """Log, then say so on stderr (a client that hung up must not cost the log line)."""
+def _refuse(
+    reason: str, raw: bytes | None, log_socket: str, operation: str = "", path: str = ""
+) -> int:
+    """Log, then say so on stderr (a client that hung up must not cost the log line).
+
+    The log names the policy file or directory at fault; the client is never told it."""
     command_sha = sha256_hex(raw or b"")
     about = f" operation={operation}" if operation else ""
+    about += f" path={json.dumps(path)}" if path else ""
     log(
         f"refused reason={reason}{about} command_sha256={command_sha} "
         f"command_bytes={len(raw or b'')} client={_client()}",
@@ -523,21 +597,36 @@ def _on_cpu_budget(signum: int, frame: Any) -> None:
     raise _TooCostly
 
 
+def _options(args: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The forced command's ``--name VALUE`` options (each at most once) and the rest.
+
+    Only sshd's ``command=`` sets them: never the environment, which a client
+    may reach through ``AcceptEnv``."""
+    options: dict[str, str] = {}
+    while len(args) >= 2 and args[0] in _OPTIONS and args[0] not in options:
+        options[args[0]], args = args[1], args[2:]
+    return options, args
+
+
+# --log-socket PATH: the log goes there instead of /dev/log (the tests' syslog).
+# --policy-owner UID: the policy and its directories may also be owned by UID (tests and
+# development, where the files cannot be root's); only root writes the forced command.
+_OPTIONS = ("--log-socket", "--policy-owner")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    log_socket = DEFAULT_LOG_SOCKET
-    if len(args) == 3 and args[0] == "--log-socket":
-        log_socket, args = args[1], args[2:]
+    options, args = _options(sys.argv[1:] if argv is None else argv)
+    log_socket = options.get("--log-socket", DEFAULT_LOG_SOCKET)
     raw = os.environb.get(b"SSH_ORIGINAL_COMMAND")
     signal.signal(signal.SIGPROF, _on_cpu_budget)
     try:
         signal.setitimer(signal.ITIMER_PROF, MAX_DECISION_CPU_SECONDS)
         try:
-            operation, command, policy = _judge(args, raw)
+            operation, command, policy = _judge(options, args, raw)
         finally:
             signal.setitimer(signal.ITIMER_PROF, 0)
     except Refused as exc:
-        return _refuse(exc.reason, raw, log_socket, exc.operation)
+        return _refuse(exc.reason, raw, log_socket, exc.operation, exc.path)
     except _TooCostly:
         return _refuse("too_costly", raw, log_socket)
     if not command:
@@ -546,13 +635,16 @@ def main(argv: list[str] | None = None) -> int:
     return run(operation, command, raw or b"", log_socket)
 
 
-def _judge(args: list[str], raw: bytes | None) -> tuple[str, list[str], dict[str, Any]]:
+def _judge(
+    options: Mapping[str, str], args: list[str], raw: bytes | None
+) -> tuple[str, list[str], dict[str, Any]]:
     """(operation, argv, policy) to run; an empty argv answers DIGEST_COMMAND. Or Refused."""
-    if len(args) != 1:
+    owner = options.get("--policy-owner", str(TRUSTED_OWNER))
+    if len(args) != 1 or not owner.isdigit() or not owner.isascii():
         raise Refused("bad_invocation")
     if any(os.isatty(fd) for fd in (0, 1, 2)):
         raise Refused("terminal")
-    policy = read_policy(args[0])
+    policy = read_policy(args[0], int(owner))
     if raw == DIGEST_COMMAND.encode():
         return "", [], policy
     operation, command = decide(raw, policy)

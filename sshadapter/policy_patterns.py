@@ -8,24 +8,29 @@ final newline (``^/[a-z]*$`` accepts ``"/\\n"``), ``\\d`` and ``\\w`` are
 Unicode classes, and class syntax differs (``[[:alpha:]]``, ``[a&&b]``).
 
 So the policy never carries an operator's pattern as written. ``translate``
-parses it in a small subset on which both engines agree, refuses everything
-else (ValueError naming the construct), and writes the same language out in
+parses it in the constructs both engines read alike, refuses everything else
+(ValueError naming the construct), and writes the same language out in
 explicit Python syntax: ``\\A``/``\\Z`` anchors, ``[0-9]`` for ``\\d``,
-``[A-Za-z0-9_]`` for ``\\w``, ``[^\\n\\r\\u2028\\u2029]`` for ``.``, groups
-without captures, every literal escaped. tests/test_dispatch_patterns.py holds
-the rewritten pattern under Python's ``re`` equal to jsonschema-rs (with its
-default engine and with ``RegexOptions``) on the shipped patterns and on random
-patterns and strings of the subset.
+``[A-Za-z0-9_]`` for ``\\w``, ECMA-262's white space for ``\\s``,
+``[^\\n\\r\\u2028\\u2029]`` for ``.``, groups without captures or names, every
+escaped character as itself. tests/test_dispatch_patterns.py holds the
+rewritten pattern under Python's ``re`` equal to jsonschema-rs (with its
+default engine and with ``RegexOptions``) on the shipped patterns, on a table
+of every supported escape and on random patterns and strings.
 
-The subset: literals, ``\\`` before a metacharacter or ``/``, ``\\n \\t \\r \\f
-\\v \\xHH``, ``\\d \\D \\w \\W``, ``.``, ``^``, ``$``, classes ``[...]`` and
-``[^...]`` of characters, ranges, ``\\d`` and ``\\w``, groups ``(...)`` and
-``(?:...)``, ``|``, and one quantifier per atom (``* + ? {n} {n,} {n,m}``,
-optionally lazy). Refused: ``\\s \\S \\b \\B`` (the engines disagree on Unicode
-spaces and word boundaries), lookaround and backreferences (not in Rust's
-``regex``), flags such as ``(?i)``, named groups, ``\\u``, ``\\p``, ``\\c``, a
-quantifier on a quantifier or an anchor, and unescaped ``] } {`` or a ``[``,
-``&&``, ``--`` or ``~~`` inside a class (Rust reads them as class syntax).
+Supported: literals, ``\\`` before a metacharacter or ``/``, ``\\n \\t \\r \\f
+\\v \\xHH \\uHHHH \\u{H...} \\cX``, ``\\d \\D \\w \\W \\s \\S``, ``.``, ``^``,
+``$``, classes ``[...]`` and ``[^...]`` of characters, ranges, ``\\d``, ``\\w``
+and ``\\s``, groups ``(...)``, ``(?:...)``, ``(?<name>...)`` and
+``(?P<name>...)``, ``|``, and one quantifier per atom (``* + ? {n} {n,}
+{n,m}``, optionally lazy). Refused, because the engines read them
+differently or one of them not at all: ``\\b \\B`` (word boundaries: Unicode
+word characters differ), lookaround and backreferences (not in Rust's
+``regex``), flags such as ``(?i)`` (case folding differs), ``\\p`` (not in
+Python's ``re``), ``\\0``, a surrogate ``\\uD800``-``\\uDFFF`` (no JSON string
+holds one alone), ``\\D \\W \\S`` inside a class, a quantifier on a quantifier
+or an anchor, and unescaped ``] } {`` or a ``[``, ``&&``, ``--`` or ``~~``
+inside a class (Rust reads them as class syntax).
 """
 
 from __future__ import annotations
@@ -40,6 +45,16 @@ MAX_PATTERN_CHARS: Final = 4096  # a hand-written parameter pattern is short
 _DOT: Final = "[^\\n\\r\\u2028\\u2029]"
 _DIGIT: Final = "0-9"
 _WORD: Final = "A-Za-z0-9_"
+# ECMA-262 `\s` (WhiteSpace and LineTerminator), which jsonschema-rs keeps: not Python's
+# Unicode `\s` (that one has \x1c-\x1f and \x85 and lacks \ufeff).
+_SPACE: Final = (
+    "\\t\\n\\x0b\\x0c\\r\\x20\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff"
+)
+_CLASS_ESCAPES: Final = {"d": _DIGIT, "w": _WORD, "s": _SPACE}
+_MAX_CODE_POINT: Final = 0x10FFFF
+_SURROGATES: Final = range(0xD800, 0xE000)  # no JSON string holds one alone: never a value
+_GROUP_NAME_FIRST: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
+_GROUP_NAME_REST: Final = _GROUP_NAME_FIRST | frozenset("0123456789")
 _META: Final = frozenset("\\.^$|()[]{}*+?")
 _ESCAPABLE: Final = _META | {"/", "-"}
 _CONTROL_ESCAPES: Final = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v"}
@@ -110,9 +125,7 @@ def _atom(p: _Parser) -> tuple[str, bool]:
         return _DOT, True
     if char == "(":
         if p.peek() == "?":
-            if p.peek(1) != ":":
-                raise p.fail("a group flag, lookaround or named group")
-            p.pos += 2
+            _group_kind(p)
         inner = _alternation(p)
         if p.peek() != ")":
             raise p.fail("an unclosed group")
@@ -129,6 +142,27 @@ def _atom(p: _Parser) -> tuple[str, bool]:
     return _literal(p, char), True
 
 
+def _group_kind(p: _Parser) -> None:
+    """Past ``?:``, ``?<name>`` or ``?P<name>`` (a name changes nothing the engines match);
+    ValueError on a flag or lookaround."""
+    for opener in ("?:", "?<", "?P<"):
+        if p.pattern.startswith(opener, p.pos):
+            break
+    else:
+        raise p.fail("a group flag or lookaround")
+    if opener == "?<" and p.peek(2) in ("=", "!"):
+        raise p.fail("a group flag or lookaround")
+    p.pos += len(opener)
+    if opener == "?:":
+        return
+    start = p.pos
+    end = p.pattern.find(">", start)
+    name = p.pattern[start:end] if end >= 0 else ""
+    if not name or name[0] not in _GROUP_NAME_FIRST or not set(name) <= _GROUP_NAME_REST:
+        raise p.fail("a named group whose name is not an identifier")
+    p.pos = end + 1
+
+
 def _literal(p: _Parser, char: str) -> str:
     if ord(char) < 0x20 or ord(char) == 0x7F:
         raise p.fail("a raw control character (write \\n, \\t or \\xHH)")
@@ -138,11 +172,11 @@ def _literal(p: _Parser, char: str) -> str:
 def _escape(p: _Parser, *, in_class: bool) -> str:
     """The escape after a backslash, as Python syntax (inside a class: class items only)."""
     char = p.take()
-    if char in ("d", "w"):
-        inner = _DIGIT if char == "d" else _WORD
+    if char in _CLASS_ESCAPES:
+        inner = _CLASS_ESCAPES[char]
         return inner if in_class else f"[{inner}]"
-    if char in ("D", "W") and not in_class:
-        return f"[^{_DIGIT if char == 'D' else _WORD}]"
+    if char.lower() in _CLASS_ESCAPES and not in_class:
+        return f"[^{_CLASS_ESCAPES[char.lower()]}]"
     return _code(_escaped_char(p, char))
 
 
@@ -156,8 +190,35 @@ def _escaped_char(p: _Parser, char: str) -> str:
         value = chr(int(p.pattern[p.pos : p.pos + 2], 16))
         p.pos += 2
         return value
+    if char == "u":
+        return _unicode_escape(p)
+    if char == "c" and p.peek().isascii() and p.peek().isalpha():
+        return chr(ord(p.take()) % 32)  # ECMA-262's control escape: \cJ is \n
     p.pos -= 1
     raise p.fail(f"the escape \\{char}")
+
+
+def _unicode_escape(p: _Parser) -> str:
+    """After ``\\u``: ECMA-262's ``HHHH``, or ``{H...}`` as jsonschema-rs reads it too."""
+    start = p.pos - 2
+    if p.peek() == "{":
+        end = p.pattern.find("}", p.pos)
+        digits = p.pattern[p.pos + 1 : end] if end >= 0 else ""
+        after = end + 1
+    else:
+        digits = p.pattern[p.pos : p.pos + 4]
+        after = p.pos + 4
+        if len(digits) != 4:
+            digits = ""
+    if not digits or not set(digits) <= _HEX or len(digits) > 6:
+        p.pos = start
+        raise p.fail("the escape \\u without its hexadecimal digits")
+    value = int(digits, 16)
+    if value > _MAX_CODE_POINT or value in _SURROGATES:
+        p.pos = start
+        raise p.fail(f"the escape \\u{digits} (a surrogate or beyond Unicode)")
+    p.pos = after
+    return chr(value)
 
 
 def _code(char: str) -> str:
@@ -203,12 +264,12 @@ def _class(p: _Parser) -> str:
                 raise p.fail(f"{operator!r} inside a class")
         if p.peek() == "-" and not first and p.peek(1) != "]":
             raise p.fail("a '-' that is neither a range nor at an end of the class")
-        if p.peek() == "\\" and p.peek(1) in "dw":
+        if p.peek() == "\\" and p.peek(1) in _CLASS_ESCAPES:
             p.pos += 1
             items.append(_escape(p, in_class=True))
             first = False
             continue
-        if p.peek() == "\\" and p.peek(1) in "DWsSbB":
+        if p.peek() == "\\" and p.peek(1) in "DWSbB":
             p.pos += 1
             raise p.fail(f"the class escape \\{p.peek()}")
         low = _class_char(p)

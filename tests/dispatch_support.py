@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import strategies as st
+from sshd import default_signals, policy_owner_args
 
 from sshadapter import dispatcher, policy
 from sshadapter.registry import Operation, Registry, load_registry
@@ -55,7 +56,7 @@ def install_dispatcher(directory: Path) -> Path:
 
 def forced_command(dispatch: Path, policy_file: Path, log_socket: Path | None) -> str:
     log = f"--log-socket {log_socket} " if log_socket else ""
-    return f"{dispatch} {log}{policy_file}"
+    return " ".join([str(dispatch), *policy_owner_args()]) + f" {log}{policy_file}"
 
 
 # Valid arguments, as the daemon would accept them ---------------------------------------
@@ -147,7 +148,7 @@ def run_dispatcher(
             command if isinstance(command, bytes) else command.encode()
         )
     args = [str(p) for p in ((log_socket,) if log_socket else ())]
-    argv = [python or sys.executable, "-IS", str(DISPATCHER_SOURCE)]
+    argv = [python or sys.executable, "-IS", str(DISPATCHER_SOURCE), *policy_owner_args()]
     if args:
         argv += ["--log-socket", *args]
     return subprocess.run(
@@ -156,6 +157,7 @@ def run_dispatcher(
         stdin=subprocess.DEVNULL,
         capture_output=True,
         timeout=30,
+        preexec_fn=default_signals(),  # as sshd starts a session, whatever started the suite
     )
 
 

@@ -29,12 +29,13 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -152,6 +153,31 @@ def _toml(value: Any) -> str:
 def _key_line(private_key: Path, options: str) -> str:
     key = private_key.with_suffix(".pub").read_text().strip()
     return f"{options} {key}" if options else key
+
+
+def default_signals() -> Callable[[], None]:
+    """A ``preexec_fn`` giving a child every signal at its default disposition.
+
+    An ignored signal stays ignored across fork and exec, and a shell that
+    starts the suite in the background (``./scripts/test &``, or under ``trap
+    '' QUIT INT``) hands it ignored SIGQUIT and SIGINT. ``restore_signals``
+    puts back only what Python itself ignores (SIGPIPE, SIGXFSZ), so a test
+    that looks at a child's signals, or a child that must die of one, would
+    depend on how the suite was started. The list is taken here, in the
+    parent; the child only resets.
+    """
+    fatal = {signal.SIGKILL, signal.SIGSTOP}
+    ignored = [
+        sig
+        for sig in signal.valid_signals()
+        if sig not in fatal and signal.getsignal(sig) == signal.SIG_IGN
+    ]
+
+    def reset() -> None:
+        for sig in ignored:
+            signal.signal(sig, signal.SIG_DFL)
+
+    return reset
 
 
 def require_sshd() -> None:
@@ -287,6 +313,7 @@ def _sshd_process(config: Path, log_path: Path, port: int) -> Iterator[bool]:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=default_signals(),  # sessions inherit sshd's dispositions
         )
         try:
             yield _wait_ready(process, port)
@@ -480,10 +507,25 @@ def running_fault_server(workdir: Path) -> Iterator[FaultServer]:
 
 @contextlib.contextmanager
 def host_directory() -> Iterator[Path]:
-    """A directory standing for a host's files, readable by the login account (0755)."""
-    directory = Path(tempfile.mkdtemp(prefix="sshadapter-host-"))
+    """A directory standing for a host's files, readable by the login account (0755).
+
+    The dispatcher reads a policy only where nobody but root (or the forced
+    command's ``--policy-owner``) could change it, so not under /tmp (1777):
+    as root under /run (0755 root), otherwise under the user's home, which
+    ``policy_owner_args()`` then names."""
+    directory = Path(tempfile.mkdtemp(prefix="sshadapter-host-", dir=trusted_base()))
     try:
         directory.chmod(0o755)
         yield directory
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def trusted_base() -> Path:
+    """Where host_directory() makes its directories: a chain no one else may write."""
+    return Path("/run") if os.geteuid() == 0 else Path.home()
+
+
+def policy_owner_args() -> list[str]:
+    """The dispatcher's ``--policy-owner`` when the tests cannot make root's files."""
+    return [] if os.geteuid() == 0 else ["--policy-owner", str(os.geteuid())]

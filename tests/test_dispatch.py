@@ -13,10 +13,13 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,7 @@ from dispatch_support import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sshd import host_directory, policy_owner_args
 from test_schema_agreement import HOT_DATE_TIME, date_time_like
 
 from sshadapter import argv as argv_module
@@ -48,6 +52,16 @@ from sshadapter.registry import Registry, load_registry
 
 REGISTRY = shipped_registry()
 OPERATIONS = sorted(REGISTRY.operations.values(), key=lambda op: op.name)
+# The owner the dispatcher trusts here besides root (the tests' own uid when not root).
+OWNER = os.geteuid()
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """pytest's tmp_path is under /tmp (1777), where the dispatcher reads no policy: a
+    directory only root (or this uid, when not root) can write instead."""
+    with host_directory() as directory:
+        yield directory
 
 
 def refusal(policy_doc: Mapping[str, Any], command: bytes | None) -> str:
@@ -361,7 +375,7 @@ def test_a_policy_edited_by_hand_or_cut_short_is_refused(tmp_path: Path) -> None
     """A changed byte breaks the digest; a bad key, type or keyword is not guessed at."""
     good = dict(REGISTRY.policies["local"])
     path = write_policy(tmp_path / "p.json", good)
-    assert dispatcher.read_policy(str(path)) == good
+    assert dispatcher.read_policy(str(path), OWNER) == good
     loosened = json.loads(json.dumps(good))
     loosened["operations"]["disk_usage"]["params"]["path"]["pattern"] = ".*"
     variants: list[Any] = [
@@ -377,16 +391,134 @@ def test_a_policy_edited_by_hand_or_cut_short_is_refused(tmp_path: Path) -> None
     for variant in variants:
         write_policy(path, variant)
         with pytest.raises(dispatcher.Refused, match="policy_invalid"):
-            dispatcher.read_policy(str(path))
+            dispatcher.read_policy(str(path), OWNER)
     for raw in (b"{", b'{"a": 1, "a": 2}', b"\xff", b"[" * 100000):
         path.write_bytes(raw)
         with pytest.raises(dispatcher.Refused, match="policy_invalid"):
-            dispatcher.read_policy(str(path))
+            dispatcher.read_policy(str(path), OWNER)
     path.write_bytes(b" " * (dispatcher.MAX_POLICY_BYTES + 1))
     with pytest.raises(dispatcher.Refused, match="policy_unreadable"):
-        dispatcher.read_policy(str(path))
+        dispatcher.read_policy(str(path), OWNER)
     with pytest.raises(dispatcher.Refused, match="policy_unreadable"):
-        dispatcher.read_policy(str(tmp_path / "missing.json"))
+        dispatcher.read_policy(str(tmp_path / "missing.json"), OWNER)
+
+
+NOBODY = 65534  # an owner that is neither root nor the tests' uid
+
+
+def _refused_with(path: Path | str, reason: str, *, log: Path, owner: str | None = None) -> str:
+    """Run the dispatcher on ``path``: refused for ``reason``; returns its log line."""
+    argv = [sys.executable, "-IS", str(DISPATCHER_SOURCE), "--log-socket", str(log)]
+    argv += ["--policy-owner", owner] if owner is not None else policy_owner_args()
+    log.unlink(missing_ok=True)  # the last listener's socket file
+    with syslog_listener(log) as listener:
+        done = subprocess.run(
+            [*argv, str(path)],
+            env={"SSH_ORIGINAL_COMMAND": "cat /proc/loadavg"},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=30,
+        )
+        lines = read_log(listener)
+    assert done.returncode == dispatcher.REFUSED_STATUS, (path, done.stdout)
+    assert done.stdout == b"" and f"({reason})".encode() in done.stderr, (path, done.stderr)
+    assert b"/" not in done.stderr.split(b")")[0]  # the client is not told the host's paths
+    assert len(lines) == 1 and f"reason={reason} " in lines[0], lines
+    return lines[0]
+
+
+def test_a_policy_anyone_but_root_could_change_is_refused(tmp_path: Path) -> None:
+    """StrictModes for the policy: a write bit for group or others, on the file or any
+    directory above it, a symbolic link, or a relative path: policy_unsafe, logged by path."""
+    good = write_policy(tmp_path / "policy.json", REGISTRY.policies["local"])
+    assert run_dispatcher(good, "cat /proc/loadavg").returncode == 0
+    log = tmp_path / "log"
+
+    good.chmod(0o666)
+    assert f'path="{good}"' in _refused_with(good, "policy_unsafe", log=log)
+    good.chmod(0o664)  # group write
+    _refused_with(good, "policy_unsafe", log=log)
+    good.chmod(0o644)
+    for mode in (0o777, 0o1777, 0o775, 0o757):  # the directory: others could swap the file
+        tmp_path.chmod(mode)
+        line = _refused_with(good, "policy_unsafe", log=log)
+        assert f'path="{tmp_path}"' in line, line
+    tmp_path.chmod(0o755)
+    nested = tmp_path / "a" / "b"
+    nested.mkdir(parents=True)
+    (tmp_path / "a").chmod(0o777)
+    inner = write_policy(nested / "policy.json", REGISTRY.policies["local"])
+    assert f'path="{tmp_path / "a"}"' in _refused_with(inner, "policy_unsafe", log=log)
+    (tmp_path / "a").chmod(0o755)
+    assert run_dispatcher(inner, "cat /proc/loadavg").returncode == 0
+
+    link = tmp_path / "link.json"
+    link.symlink_to(good)  # whoever made the link chose the file
+    _refused_with(link, "policy_unsafe", log=log)
+    (tmp_path / "dirlink").symlink_to(nested)
+    _refused_with(tmp_path / "dirlink" / "policy.json", "policy_unsafe", log=log)
+    for odd in (
+        "policy.json",
+        f"{tmp_path}/./policy.json",
+        f"{tmp_path}/a/../policy.json",
+        f"{tmp_path}//policy.json",
+    ):
+        _refused_with(odd, "policy_unsafe", log=log)  # as written in the forced command
+    if os.geteuid() == 0:  # pytest's own directories are under /tmp, which is 1777
+        under_tmp = write_policy(Path(tempfile.mkdtemp()) / "p.json", REGISTRY.policies["local"])
+        try:
+            assert '"/tmp"' in _refused_with(under_tmp, "policy_unsafe", log=log)
+        finally:
+            shutil.rmtree(under_tmp.parent)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another owner needs root")
+def test_a_policy_owned_by_another_account_is_refused(tmp_path: Path) -> None:
+    """Owned by the login account (or anyone but root): refused, the file or a directory;
+    --policy-owner in the forced command (root's) names one more owner, for tests."""
+    log = tmp_path / "log"
+    policy_file = write_policy(tmp_path / "policy.json", REGISTRY.policies["local"])
+    os.chown(policy_file, NOBODY, NOBODY)
+    _refused_with(policy_file, "policy_unsafe", log=log)
+    assert run_dispatcher(policy_file, "cat /proc/loadavg").returncode == 77
+    os.chown(policy_file, 0, 0)
+    os.chown(tmp_path, NOBODY, NOBODY)
+    assert f'path="{tmp_path}"' in _refused_with(policy_file, "policy_unsafe", log=log)
+
+    # The escape for tests and development: owner named in the forced command only.
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-IS",
+            str(DISPATCHER_SOURCE),
+            "--policy-owner",
+            str(NOBODY),
+            str(policy_file),
+        ],
+        env={"SSH_ORIGINAL_COMMAND": "cat /proc/loadavg"},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    policy_file.chmod(0o666)  # still: nobody else may write it
+    _refused_with(policy_file, "policy_unsafe", log=log, owner=str(NOBODY))
+    for bad in ("-1", "root", "", "٣"):
+        _refused_with(policy_file, "bad_invocation", log=log, owner=bad)
+
+
+def test_a_policy_that_is_not_a_regular_file_is_refused_at_once(tmp_path: Path) -> None:
+    """A FIFO, a device or a directory in the policy's place: policy_unreadable, no hang."""
+    log = tmp_path / "log"
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo, 0o644)
+    started = time.monotonic()
+    _refused_with(fifo, "policy_unreadable", log=log)
+    assert time.monotonic() - started < 10  # a blocking open would wait for a writer
+    (tmp_path / "dir.json").mkdir()
+    _refused_with(tmp_path / "dir.json", "policy_unreadable", log=log)
+    _refused_with(Path("/dev/null"), "policy_unsafe", log=log)  # 0666
+    _refused_with(tmp_path / "missing.json", "policy_unreadable", log=log)
 
 
 def _broken(change: Any) -> dict[str, Any]:
@@ -462,7 +594,7 @@ def in_process(monkeypatch: pytest.MonkeyPatch, capsysbinary: pytest.CaptureFixt
             monkeypatch.delenv("SSH_ORIGINAL_COMMAND", raising=False)
         else:
             monkeypatch.setenv("SSH_ORIGINAL_COMMAND", command)
-        status = dispatcher.main(list(argv))
+        status = dispatcher.main([*policy_owner_args(), *argv])
         out, err = capsysbinary.readouterr()
         return status, out, err
 
@@ -503,8 +635,22 @@ def local_policy(tmp_path: Path) -> Path:
     return write_policy(tmp_path / "policy.json", REGISTRY.policies["local"])
 
 
+@contextmanager
+def inherited_ignores(*signals: signal.Signals) -> Iterator[None]:
+    """This process ignoring ``signals``, as when a shell starts the suite in the background."""
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def test_an_allowed_command_runs_with_the_fixed_environment(tmp_path: Path) -> None:
-    """The program sees PATH, HOME, USER, LOGNAME only; stdin is /dev/null; SIGPIPE is default."""
+    """The program sees PATH, HOME, USER, LOGNAME only; stdin is /dev/null; SIGPIPE is default.
+
+    Whatever the suite inherited: here it ignores SIGQUIT and SIGINT (``./scripts/test &``).
+    """
     probe = {
         "environment": ["/usr/bin/env"],
         "stdin": ["/usr/bin/readlink", "/proc/self/fd/0"],
@@ -516,7 +662,8 @@ def test_an_allowed_command_runs_with_the_fixed_environment(tmp_path: Path) -> N
 
     def run(name: str) -> str:
         command = " ".join(shlex.quote(e) for e in probe[name])
-        done = run_dispatcher(path, command, env=smuggled)
+        with inherited_ignores(signal.SIGQUIT, signal.SIGINT):
+            done = run_dispatcher(path, command, env=smuggled)
         assert done.returncode == 0, done.stderr
         return done.stdout.decode()
 
@@ -742,7 +889,8 @@ assert BASE != SYNTHETIC
         (('"/usr/bin/printf"', '"{project}"'), "argv[0]", "literal name or absolute path"),
         (('"/usr/bin/printf"', '"bin/printf"'), "argv[0]", "literal name or absolute path"),
         (('"/usr/bin/printf"', '"-x"'), "argv[0]", "literal name or absolute path"),
-        (("'^[a-z0-9-]{1,20}$'", "'^\\S+$'"), "params.project.pattern", "\\S"),
+        (("'^[a-z0-9-]{1,20}$'", "'^\\p{L}+$'"), "params.project.pattern", "\\p"),
+        (("'^[a-z0-9-]{1,20}$'", "'^a\\b'"), "params.project.pattern", "\\b"),
         (("'^[a-z0-9-]{1,20}$'", "'^(?i)a$'"), "params.project.pattern", "flag"),
         (("multipleOf = 5", "multipleOf = 0.5"), "params.count.multipleOf", "whole number"),
         (("minimum = -5", "minimum = 2000"), "params.count", "no integer"),

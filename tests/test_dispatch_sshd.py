@@ -40,7 +40,7 @@ from dispatch_support import (
     syslog_listener,
     write_policy,
 )
-from sshd import Sshd, generate_key, host_directory, running_sshd
+from sshd import Sshd, generate_key, host_directory, policy_owner_args, running_sshd
 from test_commands import HOSTILE_ARGUMENTS
 
 from sshadapter import dispatcher, policy
@@ -90,7 +90,8 @@ class Host:
         return write_policy(self.root / f"{name}.json", document)
 
     def options(self, policy_file: Path, *, restrict: bool = True) -> str:
-        command = f"{self.dispatch} --log-socket {self.log_socket} {policy_file}"
+        owner = "".join(f"{arg} " for arg in policy_owner_args())
+        command = f"{self.dispatch} {owner}--log-socket {self.log_socket} {policy_file}"
         return ("restrict," if restrict else "") + f'from="127.0.0.1",command="{command}"'
 
     def use(self, policy_file: Path, *, restrict: bool = True) -> str:
@@ -431,7 +432,7 @@ def test_the_command_line_client_gets_no_shell(local_host: Host) -> None:
             continue
         # restrict: no PTY. The client gives up at once; the dispatcher may still be started.
         assert done.returncode == 255 and "PTY allocation request failed" in done.stderr
-        log = host.logged()
+        log = host.logged(1)  # its line may come after the client has gone: not in the next case
         assert log == [] or (len(log) == 1 and f"refused reason={reason}" in log[0]), log
         assert not host.marker.exists()
 
@@ -634,3 +635,52 @@ def test_check_hosts_names_what_a_host_lacks(
     assert report[-1]["got"]["refused"] == ["mount_info"]
     write_policy(installed, full.policies["local"])
     assert cli_main(["check", "--config", str(config), "--hosts"]) == 0
+
+
+# Patterns with escapes -------------------------------------------------------------------
+
+
+def test_an_operation_whose_pattern_has_unicode_escapes_runs_on_a_dispatch_host(
+    host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`^[a-z\\u00e0-\\u00ff]{1,20}$`: `sshadapter policy` writes it, the host runs the call."""
+    commands = open_commands(tmp_path / "commands")
+    for path in commands.glob("*.toml"):
+        if 'host = "ci"' in path.read_text():
+            path.unlink()
+    greet = (
+        (commands / "load_average.toml")
+        .read_text()
+        .replace(
+            'argv = ["cat", "/proc/loadavg"]', f'argv = ["{host.bin / "argv-echo"}", "{{name}}"]'
+        )
+        .replace(
+            "[output]",
+            "[params.name]\ntype = \"string\"\npattern = '^[a-z\\u00e0-\\u00ff]{1,20}\\s?$'\n\n"
+            "[output]",
+        )
+    )
+    (commands / "greet.toml").write_text(greet)
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[paths]\ncommands = "{commands}"\nschemas = "{ROOT / "schemas"}"\n\n'
+        + host.sshd.host_toml("local", dispatch=True)
+    )
+    assert cli_main(["policy", "local", "--config", str(config)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["operations"]["greet"]["params"]["name"]["pattern"].startswith("\\A[a-zà-ÿ]")
+    host.use(host.install("greet", printed))
+    op = registry_of(commands).operations["greet"]
+    good, bad = ["àbcÿ", "zé\u3000", "ab\n"], ["Àbc", "ab\u0100", "ab\x85", "ab\n\n"]
+    for name in good + bad:
+        assert op.params_validator.is_valid({"name": name}) == (name in good), name
+    results = asyncio.run(run_all(host.sshd, [op.command({"name": n}) for n in good + bad]))
+    for name, result in zip(good + bad, results, strict=True):
+        if name in good:
+            assert result.exit_status == 0, (name, result.stderr)
+            assert json.loads(result.stdout) == [name]
+        else:
+            assert result.exit_status == dispatcher.REFUSED_STATUS, name
+            assert "(bad_argument)" in result.stderr
+    log = host.logged(len(good + bad))
+    assert sum("allowed operation=greet" in line for line in log) == len(good)

@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import asyncssh  # noqa: E402
 from dispatch_support import (  # noqa: E402
+    forced_command,
     install_dispatcher,
     open_commands,
     syslog_listener,
@@ -109,9 +110,8 @@ async def measure(rounds: int) -> dict[str, list[float]]:
         plain_key, dispatch_key = work / "plain_key", work / "dispatch_key"
         generate_key(plain_key)
         generate_key(dispatch_key)
-        forced = (
-            f'restrict,from="127.0.0.1",command="{dispatch} --log-socket {host}/log {policy_file}"'
-        )
+        command = forced_command(dispatch, policy_file, host / "log")
+        forced = f'restrict,from="127.0.0.1",command="{command}"'
         sshd.authorize(more={plain_key: 'restrict,from="127.0.0.1"', dispatch_key: forced})
 
         async def connect(key: Path) -> asyncssh.SSHClientConnection:
