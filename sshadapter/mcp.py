@@ -60,6 +60,7 @@ from sshadapter.mcp_tools import (
     Listing,
     bridge_envelope,
     call_result,
+    can_name_tool,
     list_result,
     listing,
 )
@@ -316,9 +317,10 @@ class Bridge:
             and answer.get("outcome") in ("success", "failure")
         ):
             raise DaemonUnreachable("response_invalid")
-        if answer.get("tool") == name:
-            return answer
+        # The system answer first: its `tool` is a name an agent may send as well.
         if answer.get("tool") != DAEMON_SYSTEM_TOOL:
+            if answer.get("tool") == name:
+                return answer
             raise DaemonUnreachable("response_invalid")
         code, retryable = answer["error"].get("code"), answer["error"].get("retryable") is True
         if code == "INVALID_REQUEST":  # server/tools.mdx: an unknown tool is a protocol error
@@ -419,6 +421,9 @@ def _call_params(m: Message) -> tuple[str, Mapping[str, Any]]:
     name = m.params.get("name")
     if not isinstance(name, str):
         raise ProtocolError(INVALID_PARAMS, "Invalid params: name must be a string", id=m.id)
+    if not can_name_tool(name):  # no list can hold it: never a tool result, even when
+        # the daemon is down or refuses the connection (server/tools.mdx: unknown tool)
+        raise ProtocolError(INVALID_PARAMS, f"Unknown tool: {name}", id=m.id)
     arguments = m.params.get("arguments")
     if arguments is None:
         arguments = {}

@@ -203,6 +203,45 @@ def test_call_outcomes_map_to_is_error_and_protocol_errors(
     assert error_code(bridge.ask("tools/list", {"cursor": "next"})) == -32602
 
 
+NOT_TOOL_NAMES = [
+    "sshadapter",  # the reserved name of the daemon's own answers
+    "Load_average",  # another case of a listed tool
+    "LOAD_AVERAGE",
+    "load_averag\u0435",  # a Cyrillic look-alike
+    "\uff4coad_average",  # a fullwidth look-alike
+    "load_average ",
+    "",
+]
+
+
+@pytest.mark.parametrize("modern", [False, True])
+@pytest.mark.parametrize("name", NOT_TOOL_NAMES)
+def test_a_name_that_is_no_listed_tool_is_unknown_never_a_tool_result(
+    bridge: RawBridge, name: str, modern: bool
+) -> None:
+    """The reserved name, a case or Unicode variant, empty: -32602 Unknown tool, in both eras."""
+    meta = {"_meta": MODERN_META} if modern else {}
+    if not modern:
+        bridge.initialize()
+    listed = {t["name"] for t in bridge.ask("tools/list", meta)["result"]["tools"]}
+    assert name not in listed
+    answer = bridge.ask("tools/call", {**meta, "name": name, "arguments": {}})
+    assert "result" not in answer, answer
+    assert error_code(answer) == -32602
+    assert answer["error"]["message"] == f"Unknown tool: {name}"
+
+
+@pytest.mark.parametrize("name", NOT_TOOL_NAMES)
+def test_a_name_that_cannot_be_a_tool_is_unknown_with_the_daemon_down(
+    tmp_path: Path, name: str
+) -> None:
+    """No daemon to ask: still -32602, not a bridge-made INTERNAL envelope under that name."""
+    with raw_bridge(tmp_path / "no-daemon.sock") as bridge:
+        bridge.initialize()
+        answer = call(bridge, name, {})
+        assert error_code(answer) == -32602, answer
+
+
 def test_calls_run_concurrently_each_on_its_own_connection(
     bridge: RawBridge, daemon: Daemon
 ) -> None:
