@@ -25,6 +25,7 @@ import errno
 import grp
 import logging
 import os
+import select
 import signal
 import socket
 import stat
@@ -173,6 +174,32 @@ class _Connection:
 
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
+    gone: bool = False
+    """Its client closed it (both directions): it holds no max_connections slot any more,
+    though its handler may still be running a call the client asked for."""
+
+
+def _peers_gone(conns: list[_Connection]) -> list[_Connection]:
+    """The connections whose client has gone, as the kernel says now: one poll(2), no wait.
+
+    On a Unix stream socket POLLHUP means both directions are shut: the client closed
+    it (or shut down both sides) and can never read an answer. A client that only shut
+    its writing side (half-close, waiting for its answer) is still there.
+    """
+    poller = select.poll()
+    by_fd: dict[int, _Connection] = {}
+    gone: list[_Connection] = []
+    for conn in conns:
+        if conn.writer.transport.is_closing():  # ending (a failed write): no fd to ask about
+            gone.append(conn)
+            continue
+        fd = conn.writer.get_extra_info("socket").fileno()
+        by_fd[fd] = conn
+        poller.register(fd, 0)  # POLLHUP, POLLERR and POLLNVAL are reported to every mask
+    for fd, events in poller.poll(0):
+        if events & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+            gone.append(by_fd[fd])
+    return gone
 
 
 class Daemon:
@@ -333,7 +360,7 @@ class Daemon:
         task = asyncio.current_task()
         assert task is not None
         drops = self.service.metrics.client_drops
-        if len(self._connections) >= self.config.server.max_connections:
+        if self._live_connections() >= self.config.server.max_connections:
             drops.labels("connection_limit").inc()
             writer.write(self.service.refuse("OVERLOADED"))
             await _close(writer)
@@ -354,6 +381,23 @@ class Daemon:
         finally:
             self._connections.pop(task, None)
             await _close(writer)
+
+    def _live_connections(self) -> int:
+        """Connections counted against max_connections: those whose client is still there.
+
+        A connection whose client has closed it holds no slot, though its handler has not
+        noticed yet: one taken from the listen backlog after its client gave up (a loop
+        busy with large answers accepts a burst late, and the closed ones queued before
+        a live client would take the slots it needs), or one whose call is still running
+        (the call runs to its end and is audited; its answer has nobody to go to).
+        Asked of the kernel only at the limit.
+        """
+        counted = [conn for conn in self._connections.values() if not conn.gone]
+        if len(counted) < self.config.server.max_connections:
+            return len(counted)
+        for conn in _peers_gone(counted):
+            conn.gone = True
+        return sum(not conn.gone for conn in counted)
 
     async def _converse(self, conn: _Connection, writer: asyncio.StreamWriter) -> None:
         """Requests in order, one at a time; idle, stalled and non-reading clients are dropped."""

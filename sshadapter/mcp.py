@@ -60,6 +60,7 @@ from sshadapter.mcp_tools import (
     Listing,
     bridge_envelope,
     call_result,
+    can_name_tool,
     list_result,
     listing,
 )
@@ -114,6 +115,11 @@ class Bridge:
         """The last `list` fetched: its names tell an unknown tool, its digest a reload."""
         self._last_check = -LIST_CHECK_MIN_SECONDS
         self._checking: asyncio.Task[None] | None = None
+        self._check_again = False
+        """A call ended while a check was under way: that one may have fetched too early."""
+        self._deferred: asyncio.TimerHandle | None = None
+        """The check a call asked for within LIST_CHECK_MIN_SECONDS of the last: one, pending."""
+        self._closing = False
         self._lines: Lines | None = None
         self.client_gone = False
 
@@ -146,6 +152,9 @@ class Bridge:
         tasks = list(self.in_flight.values())
         if tasks and not self.client_gone:
             await asyncio.wait(tasks, timeout=EOF_DRAIN_SECONDS)
+        self._closing = True  # no check is started or deferred from here on
+        if self._deferred is not None:
+            self._deferred.cancel()
         for task in [*tasks, *([self._checking] if self._checking else [])]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -316,9 +325,10 @@ class Bridge:
             and answer.get("outcome") in ("success", "failure")
         ):
             raise DaemonUnreachable("response_invalid")
-        if answer.get("tool") == name:
-            return answer
+        # The system answer first: its `tool` is a name an agent may send as well.
         if answer.get("tool") != DAEMON_SYSTEM_TOOL:
+            if answer.get("tool") == name:
+                return answer
             raise DaemonUnreachable("response_invalid")
         code, retryable = answer["error"].get("code"), answer["error"].get("retryable") is True
         if code == "INVALID_REQUEST":  # server/tools.mdx: an unknown tool is a protocol error
@@ -379,13 +389,27 @@ class Bridge:
         )
 
     def _check_soon(self) -> None:
-        """After a call: compare the digest in the background, at most once a LIST_CHECK_MIN."""
-        if (
-            self._listening()
-            and self._checking is None
-            and self._clock() - self._last_check >= LIST_CHECK_MIN_SECONDS
-        ):
+        """After a call: compare the digest in the background, at most once a LIST_CHECK_MIN.
+
+        A check the limit holds back is not dropped but deferred until the limit allows
+        (one timer, however many calls ask), and a call that ends while a check is under
+        way gets another one after it: a reload just after a call is announced within
+        about LIST_CHECK_MIN_SECONDS, not at the next poll.
+        """
+        if self._closing or not self._listening():
+            return
+        if self._checking is not None:
+            self._check_again = True
+            return
+        wait = self._last_check + LIST_CHECK_MIN_SECONDS - self._clock()
+        if wait <= 0:
             self._checking = asyncio.create_task(self._check())
+        elif self._deferred is None:
+            self._deferred = asyncio.get_running_loop().call_later(wait, self._deferred_check)
+
+    def _deferred_check(self) -> None:
+        self._deferred = None
+        self._check_soon()
 
     async def _check(self) -> None:
         try:
@@ -394,6 +418,9 @@ class Bridge:
             pass  # the next call says so; a poll is no place to report it
         finally:
             self._checking = None
+            if self._check_again:
+                self._check_again = False
+                self._check_soon()
 
     async def _poll(self) -> None:
         while True:
@@ -419,6 +446,9 @@ def _call_params(m: Message) -> tuple[str, Mapping[str, Any]]:
     name = m.params.get("name")
     if not isinstance(name, str):
         raise ProtocolError(INVALID_PARAMS, "Invalid params: name must be a string", id=m.id)
+    if not can_name_tool(name):  # no list can hold it: never a tool result, even when
+        # the daemon is down or refuses the connection (server/tools.mdx: unknown tool)
+        raise ProtocolError(INVALID_PARAMS, f"Unknown tool: {name}", id=m.id)
     arguments = m.params.get("arguments")
     if arguments is None:
         arguments = {}

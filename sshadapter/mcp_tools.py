@@ -8,6 +8,7 @@ bridge only chooses the MCP wrapping, per protocol revision (see docs/mcp.md).
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from sshadapter.mcp_protocol import SERVER_INFO_KEY, Era
 # start of a process each agent session starts. tests/test_mcp_tools.py holds them equal.
 DAEMON_SYSTEM_TOOL: Final = "sshadapter"
 """The `tool` of the daemon's answer to a request naming no known tool."""
+TOOL_NAME: Final = re.compile(r"[a-z][a-z0-9_]{1,62}")
+"""registry.TOOL_NAME: every name a command file may give a tool (its stem)."""
 
 SERVER_INFO: Final = {"name": "sshadapter", "title": "sshadapter", "version": __version__}
 INSTRUCTIONS: Final = (
@@ -74,6 +77,15 @@ def listing(answer: Any) -> Listing:
     digest = answer.get("digest")
     tools = sorted(answer["tools"], key=lambda t: t["name"])  # 2026: deterministic order
     return Listing(tuple(tools), digest if isinstance(digest, str) else None)
+
+
+def can_name_tool(name: str) -> bool:
+    """Whether the daemon could have a tool of this name: TOOL_NAME, and not the reserved one.
+
+    Any other name (another case, a look-alike character, empty, ``sshadapter``) is an
+    unknown tool whatever the daemon's registry holds; the bridge says so without asking.
+    """
+    return TOOL_NAME.fullmatch(name) is not None and name != DAEMON_SYSTEM_TOOL
 
 
 def title(name: str) -> str:

@@ -201,6 +201,120 @@ def test_overload_answers_at_once(tmp_path: Path) -> None:
     )
 
 
+def _connected(path: Path) -> socket.socket:
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(str(path))  # completes in the listen backlog, before any accept
+    return client
+
+
+def _answer_of(client: socket.socket) -> dict[str, object]:
+    """The one answer line on ``client`` (blocking: run in a thread)."""
+    client.settimeout(30)
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = client.recv(65536)
+        assert chunk, "closed without an answer"
+        data += chunk
+    client.close()
+    answer: dict[str, object] = orjson.loads(data)
+    return answer
+
+
+def gated_runner(held: int, release: asyncio.Event, started: list[int]) -> ScriptedRunner:
+    """job_run_status answers at once, but the first ``held`` calls wait for ``release``."""
+
+    async def answer() -> RunResult:
+        if len(started) < held:
+            started.append(1)
+            await release.wait()
+        return RunResult(orjson.dumps(JOB_OUT), b"", 0)
+
+    return ScriptedRunner({JOB_COMMAND: answer})
+
+
+def test_closed_connections_queued_in_the_backlog_leave_the_slots_to_live_ones(
+    tmp_path: Path,
+) -> None:
+    """A burst its clients closed before the busy loop accepted it takes no live agent's slot."""
+    burst, agents = 150, 7
+
+    async def body(d: Running) -> None:
+        # Synchronous on purpose: the daemon runs on this loop, which accepts nothing until
+        # the body awaits, like a loop busy with large answers. The burst queues in the
+        # listen backlog and gives up; the agents queue behind it, each with its call.
+        for client in [_connected(d.path) for _ in range(burst)]:
+            client.close()
+        waiting = [_connected(d.path) for _ in range(agents)]
+        for client in waiting:
+            client.sendall(orjson.dumps(CALL) + b"\n")
+        answers = await asyncio.gather(*(asyncio.to_thread(_answer_of, c) for c in waiting))
+        assert [a.get("outcome") for a in answers] == ["success"] * agents, answers
+
+        async def agent(calls: int) -> list[object]:
+            return [(await d.ask(CALL)).get("outcome") for _ in range(calls)]
+
+        outcomes = await asyncio.gather(*(agent(6 if i < 5 else 5) for i in range(agents)))
+        assert [o for each in outcomes for o in each] == ["success"] * 40
+
+    with_daemon(tmp_path, body, max_connections=64)
+
+
+def test_a_client_gone_during_its_call_leaves_its_slot_while_the_call_ends(
+    tmp_path: Path,
+) -> None:
+    """Clients that closed while their calls run hold no slot; the calls still end, audited."""
+    limit = 4
+    release = asyncio.Event()
+    started: list[int] = []
+
+    async def body(d: Running) -> None:
+        gone = [_connected(d.path) for _ in range(limit)]
+        for client in gone:
+            client.sendall(orjson.dumps(CALL) + b"\n")
+        async with asyncio.timeout(10):
+            while len(started) < limit:  # every call running: all the slots were taken
+                await asyncio.sleep(0.01)
+        for client in gone:
+            client.close()
+        try:
+            assert (await d.ask(CALL))["outcome"] == "success"  # refused OVERLOADED before
+        finally:
+            release.set()
+        async with asyncio.timeout(10):
+            while sum(r["type"] == "result" for r in d.audit_records()) < limit + 1:
+                await asyncio.sleep(0.01)
+        assert all(r["outcome"] == "success" for r in d.audit_records() if r["type"] == "result")
+
+    with_daemon(
+        tmp_path,
+        body,
+        runner=gated_runner(limit, release, started),
+        max_connections=limit,
+    )
+
+
+def test_a_half_closed_client_still_holds_its_slot_and_gets_its_answer(tmp_path: Path) -> None:
+    """A client that shut only its writing side is still there: counted, and answered."""
+    release = asyncio.Event()
+    started: list[int] = []
+
+    async def body(d: Running) -> None:
+        waiting = _connected(d.path)
+        waiting.sendall(orjson.dumps(CALL) + b"\n")
+        waiting.shutdown(socket.SHUT_WR)
+        async with asyncio.timeout(10):
+            while not started:
+                await asyncio.sleep(0.01)
+        try:
+            refused = await d.ask(CALL)
+        finally:
+            release.set()
+        assert (refused["tool"], code(refused)) == ("sshadapter", "OVERLOADED")
+        assert (await asyncio.to_thread(_answer_of, waiting))["outcome"] == "success"
+
+    with_daemon(tmp_path, body, runner=gated_runner(1, release, started), max_connections=1)
+
+
 def test_retry_after_declared_temporary_failure_gives_fresh_evidence(tmp_path: Path) -> None:
     """Exit 75 then success: job_run_status (idempotent, retries UPSTREAM_UNAVAILABLE) retries."""
     answers = [RunResult(b"", b"api down\n", 75), RunResult(orjson.dumps(JOB_OUT), b"", 0)]

@@ -35,7 +35,7 @@ from mcp_harness import (
 )
 from sshd import running_sshd
 
-from sshadapter.mcp import Bridge
+from sshadapter.mcp import LIST_CHECK_MIN_SECONDS, Bridge
 from sshadapter.mcp_daemon import DaemonLink
 from sshadapter.mcp_protocol import MAX_LINE_BYTES, SUPPORTED_VERSIONS
 from sshadapter.mcp_stdio import END, Item
@@ -203,6 +203,45 @@ def test_call_outcomes_map_to_is_error_and_protocol_errors(
     assert error_code(bridge.ask("tools/list", {"cursor": "next"})) == -32602
 
 
+NOT_TOOL_NAMES = [
+    "sshadapter",  # the reserved name of the daemon's own answers
+    "Load_average",  # another case of a listed tool
+    "LOAD_AVERAGE",
+    "load_averag\u0435",  # a Cyrillic look-alike
+    "\uff4coad_average",  # a fullwidth look-alike
+    "load_average ",
+    "",
+]
+
+
+@pytest.mark.parametrize("modern", [False, True])
+@pytest.mark.parametrize("name", NOT_TOOL_NAMES)
+def test_a_name_that_is_no_listed_tool_is_unknown_never_a_tool_result(
+    bridge: RawBridge, name: str, modern: bool
+) -> None:
+    """The reserved name, a case or Unicode variant, empty: -32602 Unknown tool, in both eras."""
+    meta = {"_meta": MODERN_META} if modern else {}
+    if not modern:
+        bridge.initialize()
+    listed = {t["name"] for t in bridge.ask("tools/list", meta)["result"]["tools"]}
+    assert name not in listed
+    answer = bridge.ask("tools/call", {**meta, "name": name, "arguments": {}})
+    assert "result" not in answer, answer
+    assert error_code(answer) == -32602
+    assert answer["error"]["message"] == f"Unknown tool: {name}"
+
+
+@pytest.mark.parametrize("name", NOT_TOOL_NAMES)
+def test_a_name_that_cannot_be_a_tool_is_unknown_with_the_daemon_down(
+    tmp_path: Path, name: str
+) -> None:
+    """No daemon to ask: still -32602, not a bridge-made INTERNAL envelope under that name."""
+    with raw_bridge(tmp_path / "no-daemon.sock") as bridge:
+        bridge.initialize()
+        answer = call(bridge, name, {})
+        assert error_code(answer) == -32602, answer
+
+
 def test_calls_run_concurrently_each_on_its_own_connection(
     bridge: RawBridge, daemon: Daemon
 ) -> None:
@@ -320,6 +359,37 @@ def test_a_reload_with_no_call_after_it_is_found_by_the_poll(daemon: Daemon) -> 
         daemon.reload()
     changed = [m for m in sent if "method" in m]
     assert changed == [{"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}]
+
+
+# A reload right after a call is announced within LIST_CHECK_MIN_SECONDS plus a round
+# trip; before the deferred check it waited for the next poll, LIST_POLL_SECONDS (30 s).
+LATE_ANNOUNCE_SECONDS = LIST_CHECK_MIN_SECONDS + 4.0
+
+
+def test_a_reload_right_after_a_call_is_announced_without_waiting_for_the_poll(
+    bridge: RawBridge, daemon: Daemon
+) -> None:
+    """A check held back by LIST_CHECK_MIN_SECONDS runs when it allows, not at the 30 s poll."""
+    original = (daemon.commands / "mount_info.toml").read_text()
+    bridge.initialize()
+    try:
+        bridge.ask("tools/list")  # the digest the bridge compares with
+        time.sleep(LIST_CHECK_MIN_SECONDS)
+        assert envelope_of(call(bridge, "load_average", {}))["outcome"] == "success"
+        # The bridge compares the digest after that call, before the reload; after the next
+        # one (the reload takes well under LIST_CHECK_MIN_SECONDS) the comparison is held back.
+        edit_description(daemon, "mount_info", "Mounts, edited right after a call.")
+        assert envelope_of(call(bridge, "load_average", {}))["outcome"] == "success"
+        deadline = time.monotonic() + LATE_ANNOUNCE_SECONDS
+        while not any(
+            m.get("method") == "notifications/tools/list_changed" for m in bridge.messages()
+        ):
+            assert time.monotonic() < deadline, "list_changed not sent: left to the 30 s poll"
+            bridge.ask("ping")  # reads what the bridge wrote meanwhile
+            time.sleep(0.05)
+    finally:
+        (daemon.commands / "mount_info.toml").write_text(original)
+        daemon.reload()
 
 
 # --- bad input --------------------------------------------------------------------------------

@@ -116,6 +116,11 @@ def test_each_kind_of_answer_reaches_the_client_intact(daemon: Daemon, mode: str
                 await client.call_tool("run_shell", {"command": "id"})
             assert unknown.value.error.code == -32602
             assert unknown.value.error.message == "Unknown tool: run_shell"
+            for name in ("sshadapter", "Load_average", "load_averag\u0435", ""):  # never listed
+                with pytest.raises(MCPError) as unlisted:
+                    await client.call_tool(name, {})
+                assert unlisted.value.error.code == -32602
+                assert unlisted.value.error.message == f"Unknown tool: {name}"
         for envelope in (ok, declared, rejected, invalid):  # each one is the daemon's, audited
             assert daemon.wait_for_result(envelope["tool"], request_id=envelope["request_id"])
 

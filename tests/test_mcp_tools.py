@@ -12,11 +12,12 @@ from typing import Any
 import orjson
 import pytest
 
-from sshadapter import envelope
+from sshadapter import envelope, registry
 from sshadapter.mcp_protocol import Era
 from sshadapter.mcp_tools import (
     BRIDGE_REQUEST_ID_PREFIX,
     DAEMON_SYSTEM_TOOL,
+    TOOL_NAME,
     DaemonAnswerError,
     bridge_envelope,
     call_result,
@@ -41,6 +42,8 @@ def entry(name: str, **changes: Any) -> dict[str, Any]:
 def test_bridge_envelope_is_the_daemons_failure_shape_with_its_own_id_prefix() -> None:
     """Written out to keep start-up light, it must equal envelope.failure but for request_id."""
     assert DAEMON_SYSTEM_TOOL == envelope.SYSTEM_TOOL
+    assert DAEMON_SYSTEM_TOOL == registry.RESERVED_TOOL
+    assert TOOL_NAME.pattern == registry.TOOL_NAME.pattern
     made = bridge_envelope("disk_usage", "INTERNAL", True)
     daemon = envelope.failure("disk_usage", made["request_id"], "INTERNAL", True)
     assert made == daemon
