@@ -21,6 +21,7 @@ import contextlib
 import functools
 import os
 import shlex
+import shutil
 import socket
 import sys
 import tempfile
@@ -113,6 +114,7 @@ async def _dispatch_process(host: _DispatchHost, process: asyncssh.SSHServerProc
         str(host.dispatcher),
         "--log-socket",
         str(host.log_socket),
+        *host.owner_args,
         str(host.policy_file),
         env=env,
         stdin=asyncio.subprocess.DEVNULL,
@@ -132,7 +134,12 @@ class _DispatchHost:
         self.dispatcher = workdir / "sshadapter-dispatch"
         self.dispatcher.write_bytes(policy.dispatcher_source())
         self.dispatcher.chmod(0o755)
-        self.policy_file = workdir / "policy.json"
+        # The dispatcher reads a policy only where nobody but its owner could have
+        # changed it: not under /tmp (1777). A private directory of the user's
+        # runtime or home directory, and the user named as that owner.
+        self._policy_dir = Path(tempfile.mkdtemp(prefix="sshadapter-demo-", dir=_private_base()))
+        self.policy_file = self._policy_dir / "policy.json"
+        self.owner_args = [] if os.geteuid() == 0 else ["--policy-owner", str(os.geteuid())]
         self.log_socket = workdir / "log"
         self._log = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._log.bind(str(self.log_socket))
@@ -148,6 +155,15 @@ class _DispatchHost:
     def close(self) -> None:
         asyncio.get_running_loop().remove_reader(self._log)
         self._log.close()
+        shutil.rmtree(self._policy_dir, ignore_errors=True)
+
+
+def _private_base() -> Path:
+    """A directory no one but root and this user can write, nor anything above it."""
+    if os.geteuid() == 0:
+        return Path("/run")
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    return Path(runtime) if runtime and Path(runtime).is_dir() else Path.home()
 
 
 class _DemoServer(asyncssh.SSHServer):

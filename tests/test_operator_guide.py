@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sshd import Sshd, running_sshd
+from sshd import Sshd, host_directory, running_sshd
 from test_integration import free_port, notifications
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,15 +153,16 @@ def test_every_code_block_is_marked_and_every_root_command_pinned() -> None:
 class Walkthrough:
     """The guide's world mapped onto temporary paths and the test sshd."""
 
-    def __init__(self, tmp: Path, sshd: Sshd) -> None:
+    def __init__(self, tmp: Path, sshd: Sshd, host: Path) -> None:
         self.tmp = tmp
         self.sshd = sshd
         self.root = tmp / "root"  # stands for /
         self.work = tmp / "work"  # the operator's current directory
         self.bin = tmp / "bin"
         self.metrics_port = free_port()
-        # The host's own files: where its login account can read them (the workdir is 0755).
-        self.host = sshd.workdir / "host"
+        # The host's own files: where its login account can read them and where nobody
+        # but root could change the dispatcher's policy (host_directory: not under /tmp).
+        self.host = host
         self.socket_path = self.root / "run/sshadapter/sshadapter.sock"
         self.blocks = {(b.kind, b.arg): b for b in guide_blocks() if b.kind != "root"}
         self.used: set[tuple[str, str]] = set()
@@ -254,8 +255,8 @@ def walk(tmp_path: Path) -> Iterator[Walkthrough]:
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    with running_sshd() as sshd:
-        yield Walkthrough(tmp_path, sshd)
+    with running_sshd() as sshd, host_directory() as host:
+        yield Walkthrough(tmp_path, sshd, host)
 
 
 def test_the_guide_from_adding_a_host_to_reading_the_audit(walk: Walkthrough) -> None:
