@@ -4,19 +4,24 @@ Two parsers that must agree:
 
 - ``_reference_parse``: a pure-Python recursive-descent parser written from the
   RFC 8259 grammar. It is the specification: it decides every input, with the
-  exact reason and byte offset.
-- ``strict_loads``: the fast path. ``orjson.loads`` does the parsing; a few
-  C-speed guards decide whether the input is one of the rare cases where orjson
-  is more lenient than the rules (big integers, duplicate names, deep nesting).
-  Only then, or when orjson rejects, does the reference parser run.
+  exact reason, byte offset and path.
+- ``strict_loads``: the fast path, C code only, whatever the input. msgspec
+  parses (orjson a small input without long digit runs, else msgspec, which
+  keeps integers of any size exact); one ``orjson.dumps`` of the
+  value refuses integers outside the range and, wrapped in lists, nesting
+  beyond ``max_depth``; duplicate names are found by counting colons. The
+  reference parser runs only to explain a rejected input of at most
+  ``EXPLAIN_MAX_BYTES``: no input can buy pure-Python parsing time with its size.
 
-orjson's exceptions are translated into ``StrictJSONError`` in exactly one
+The C parsers' exceptions are translated into ``StrictJSONError`` in exactly one
 place (``strict_loads``), ``raise ... from exc``. See docs/strict-json.md.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from typing import Any, Final
 
 import orjson
@@ -44,16 +49,54 @@ DEFAULT_MAX_DEPTH: Final[int] = 32
 # Upper bound for any configured max_depth. The reference parser uses two Python
 # frames per level and stops at max_depth + 1, so it stays far below Python's
 # recursion limit (1000); and 128 is below orjson.dumps's own nesting limit
-# (254), so every accepted document can be checked by the fast-path guards.
+# (254, _DUMPS_MAX_DEPTH), which the depth check needs room above max_depth for.
 MAX_DEPTH_LIMIT: Final[int] = 128
+# A rejected input up to this size is explained by the reference parser: the
+# first fault from the left, its byte offset and its JSON path. The reference
+# costs up to ~1 us a byte in pure Python (~1 ms here); a larger rejected input
+# is explained from the C parsers' own errors instead (same reasons; the offset
+# is theirs, or -1), so a hostile host cannot buy judging time by size.
+EXPLAIN_MAX_BYTES: Final[int] = 1024
 
 _BOM: Final = b"\xef\xbb\xbf"
-_INT_MIN: Final = -(2**63)  # orjson's integer range; outside it orjson
-_INT_MAX: Final = 2**64 - 1  # silently returns a float, losing digits
-# Every digit -> b"0", so a run of 19+ digits is one substring search. Integers
-# of up to 18 digits are always in range; 19+ digits need the exact check.
+_INT_MIN: Final = -(2**63)  # the integers orjson (and so every consumer of
+_INT_MAX: Final = 2**64 - 1  # the value, orjson.dumps included) holds exactly
+_OUT_OF_RANGE: Final = "integer outside [-2**63, 2**64-1]"
+_WHITESPACE: Final = b" \t\n\r"
+# An input up to this size with no run of 19 or more digits is parsed by orjson
+# (its integers have at most 18 digits, so all are exact); any other by msgspec,
+# which keeps integers of any size exact, and whose value peaks at about a
+# quarter of orjson's memory (bench_offline). 64 KiB: the largest output judged
+# on the event loop (offload.OFFLOAD_ABOVE_BYTES), and every request and MCP message.
+ORJSON_MAX_BYTES: Final[int] = 64 * 1024
 _DIGITS_TO_ZERO: Final = bytes.maketrans(b"123456789", b"000000000")
 _LONG_DIGIT_RUN: Final = b"0" * 19
+
+
+def _dumps_max_depth() -> int:
+    """The deepest nesting orjson.dumps writes (254 in orjson 3.x), found by trying.
+
+    The depth check relies on it; measuring it at import means an orjson release
+    that moves the limit cannot silently weaken the check.
+    """
+    low, high = 1, 4096  # dumps(depth low) succeeds; dumps(depth high) fails
+    while high - low > 1:
+        middle = (low + high) // 2
+        nest: list[Any] = []
+        for _ in range(middle - 1):
+            nest = [nest]
+        try:
+            orjson.dumps(nest)
+        except orjson.JSONEncodeError:
+            high = middle
+        else:
+            low = middle
+    if low <= MAX_DEPTH_LIMIT:
+        raise RuntimeError(f"orjson.dumps nests only {low} levels; the depth check needs more")
+    return low
+
+
+_DUMPS_MAX_DEPTH: Final[int] = _dumps_max_depth()
 
 
 class StrictJSONError(ValueError):
@@ -69,7 +112,11 @@ class StrictJSONError(ValueError):
 
 
 def strict_loads(data: bytes, *, max_bytes: int, max_depth: int) -> Any:
-    """Parse one strict JSON text, or raise StrictJSONError with the reason."""
+    """Parse one strict JSON text, or raise StrictJSONError with the reason.
+
+    Every step is C code over the input or the value, so the cost is a small
+    constant times the C parse whatever the input holds (bench_offline).
+    """
     _check_limits(max_bytes, max_depth)
     if not isinstance(data, bytes):
         raise TypeError(f"strict_loads takes bytes, not {type(data).__name__}")
@@ -78,59 +125,144 @@ def strict_loads(data: bytes, *, max_bytes: int, max_depth: int) -> Any:
     if data.startswith(_BOM):
         raise StrictJSONError("bom", 0, "UTF-8 byte order mark")
     try:
-        value = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        # The one translation point: the reference parser names the reason.
-        err = _reference_error(data, max_depth)
-        if err is None:  # orjson stricter than the spec: fail closed
-            err = StrictJSONError("syntax", -1, f"rejected by orjson only: {exc}")
-        raise err from exc
-    # One pass over the input: digits -> "0" (for the integer guard) and colons
-    # deleted (their number is the length difference, for the duplicate guard).
-    scan = data.translate(_DIGITS_TO_ZERO, b":")
-    # orjson returns a float for integers outside [-2**63, 2**64-1]. Deleting colons
-    # can only join digit runs (inside strings), so a hit may be false, never a miss.
-    if _LONG_DIGIT_RUN in scan and not _long_runs_in_range(data):
-        return _reference_parse(data, max_depth)  # decides exactly
-    # An escaped colon (\u003a) decodes to a colon the input count misses.
-    if b"\\" in data and (b"\\u003a" in data or b"\\u003A" in data):
-        return _reference_parse(data, max_depth)
+        value = _parse(data)
+    except _Refused as refused:
+        # The one translation point: the reference parser (or the C parsers' errors) name it.
+        raise _rejection(data, max_depth, refused.cause) from refused.cause
+    # Range and depth in one orjson.dumps: it refuses integers outside
+    # [-2**63, 2**64-1] (msgspec kept them exact) and nesting beyond
+    # _DUMPS_MAX_DEPTH. Wrapped in (_DUMPS_MAX_DEPTH - max_depth) lists, the value
+    # is refused exactly when its own depth exceeds max_depth. A document with at
+    # most max_depth brackets (strings included) cannot be too deep: no wrapping.
+    probe = value
+    if data.count(b"[") + data.count(b"{") > max_depth:
+        for _ in range(_DUMPS_MAX_DEPTH - max_depth):
+            probe = [probe]
     try:
-        dumped = orjson.dumps(value, option=orjson.OPT_INDENT_2)
-    except orjson.JSONEncodeError:  # nested beyond orjson.dumps's limit (> MAX_DEPTH_LIMIT)
-        return _reference_parse(data, max_depth)
-    # Duplicates: every member has one structural colon, and orjson writes string
-    # colons back as raw ':'. orjson keeps only the last of duplicate members, and
-    # each dropped member takes at least its own colon with it.
-    if len(data) - len(scan) != dumped.count(b":"):
-        err = _reference_error(data, max_depth)
-        if err is None:  # cannot happen if the guard is sound: fail closed
-            err = StrictJSONError("duplicate_name", -1, "duplicate member name")
-        raise err
-    # Depth: OPT_INDENT_2 indents the members of a container at depth k by 2k
-    # spaces and strings hold no raw newline. A container at depth max_depth + 1
-    # (even an empty one) is a member of a non-empty container at depth max_depth,
-    # so it is indented by 2 * max_depth. No such indent means depth <= max_depth.
-    if b"\n" + b" " * (2 * max_depth) in dumped:
-        return _reference_parse(data, max_depth)  # maybe too deep: decide exactly
+        dumped = orjson.dumps(probe)
+    except orjson.JSONEncodeError as exc:
+        if "Integer" in str(exc):
+            raise _found(data, max_depth, "number_out_of_range", _OUT_OF_RANGE) from exc
+        raise _found(data, max_depth, "too_deep", "nesting deeper than max_depth") from exc
+    # Duplicates: every member has one structural colon; string colons are raw
+    # or the escape \u003a. orjson writes every colon of the kept value raw and
+    # keeps only the last of duplicate members, each of which takes at least its
+    # own colon with it. So the counts are equal exactly when nothing was dropped.
+    if dumped.count(b":") != data.count(b":") + _escaped_colons(data):
+        raise _found(data, max_depth, "duplicate_name", "duplicate member name")
     return value
 
 
-def _long_runs_in_range(data: bytes) -> bool:
-    """True if every maximal run of 19+ digits has 19 digits and reads as <= 2**63.
+class _Refused(Exception):
+    """A C parser refused the input; ``cause`` is its exception."""
 
-    An out-of-range integer literal is such a run with more digits or a larger
-    value, so True proves orjson kept every integer exact. False may be a run in
-    a string or a fraction (or an integer in (2**63, 2**64-1]): ask the reference.
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _parse(data: bytes) -> Any:
+    """The value of ``data``, every integer exact, or _Refused (see ORJSON_MAX_BYTES)."""
+    if len(data) <= ORJSON_MAX_BYTES and _LONG_DIGIT_RUN not in data.translate(_DIGITS_TO_ZERO):
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise _Refused(exc) from exc
+    return _msgspec_parse()(data)
+
+
+@functools.cache
+def _msgspec_parse() -> Callable[[bytes], Any]:
+    """msgspec's decoder, imported on first use: ~25 ms that `sshadapter mcp` does not pay."""
+    import msgspec
+
+    decode = msgspec.json.Decoder().decode  # untyped: dict, list, str, int, float, bool, None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return decode(data)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise _Refused(exc) from exc
+
+    return parse
+
+
+def _escaped_colons(data: bytes) -> int:
+    """How many \\u003a escapes (either case) the strings of an accepted input hold.
+
+    Removing each escaped backslash first leaves every remaining backslash the
+    start of an escape, so ``\\\\u003a`` (a backslash, then "u003a") is not counted.
     """
-    zeros = data.translate(_DIGITS_TO_ZERO)
-    pos = zeros.find(_LONG_DIGIT_RUN)
-    while pos != -1:
-        end = pos + len(_LONG_DIGIT_RUN)
-        if zeros.startswith(b"0", end) or int(data[pos:end]) > 2**63:
-            return False
-        pos = zeros.find(_LONG_DIGIT_RUN, end)
-    return True
+    if b"\\u003" not in data:  # nearly every input: one memchr-speed search
+        return 0
+    plain = data.replace(b"\\\\", b"")
+    return plain.count(b"\\u003a") + plain.count(b"\\u003A")
+
+
+def _found(data: bytes, max_depth: int, reason: str, detail: str) -> StrictJSONError:
+    """A rule broken in a parsed input: the reference locates it if the input is small."""
+    if len(data) <= EXPLAIN_MAX_BYTES:
+        err = _reference_error(data, max_depth)
+        if err is not None:
+            return err
+        # The fast checks and the specification disagree: fail closed, say so.
+        return StrictJSONError(reason, -1, f"{detail} (fast checks only)")
+    return StrictJSONError(reason, -1, f"{detail} (not located: over {EXPLAIN_MAX_BYTES} bytes)")
+
+
+def _rejection(data: bytes, max_depth: int, exc: Exception) -> StrictJSONError:
+    """Why a C parser refused ``data``: the reference's verdict, or for a large input orjson's."""
+    if len(data) <= EXPLAIN_MAX_BYTES:
+        err = _reference_error(data, max_depth)
+        if err is not None:
+            return err
+        return StrictJSONError("syntax", -1, f"rejected by the C parser only: {str(exc)[:200]}")
+    # The whole-input checks first, in the reference's order.
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as utf8:
+        return StrictJSONError("not_utf8", utf8.start, f"invalid UTF-8: {utf8.reason}")
+    if not data.strip(_WHITESPACE):
+        return StrictJSONError("empty", len(data), "no JSON value")
+    if isinstance(exc, RecursionError):  # nested beyond msgspec's stack, far beyond MAX_DEPTH_LIMIT
+        return StrictJSONError("too_deep", -1, "nesting deeper than max_depth")
+    if isinstance(exc, orjson.JSONDecodeError):
+        return _from_orjson(data, exc)
+    # msgspec names an integer it cannot hold; orjson names any other fault, and
+    # where it is (orjson reads such an integer as a float, or as infinity).
+    too_big = "Integer" in str(exc)
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError as named:
+        err = _from_orjson(data, named)
+        return StrictJSONError("number_out_of_range", err.offset, _OUT_OF_RANGE) if too_big else err
+    if too_big:
+        return StrictJSONError("number_out_of_range", -1, _OUT_OF_RANGE)
+    return StrictJSONError("syntax", -1, f"rejected by msgspec only: {str(exc)[:200]}")
+
+
+# orjson's messages (3.x), each to the reason it shows; anything else is syntax.
+_ORJSON_MESSAGES: Final = (
+    ("depth limit", "too_deep"),
+    ("surrogate", "lone_surrogate"),
+    ("infinity", "non_finite_number"),
+    ("after document", "trailing_data"),
+)
+_NON_FINITE: Final = (b"NaN", b"Infinity", b"-Infinity")
+_NUMBER_TAILS: Final = frozenset(bytes((d, c)) for d in b"0123456789" for c in b"0123456789+-.eE")
+
+
+def _from_orjson(data: bytes, exc: orjson.JSONDecodeError) -> StrictJSONError:
+    """A large rejected input's reason from orjson's error, at its byte offset."""
+    offset = exc.pos if data.isascii() else len(data.decode("utf-8")[: exc.pos].encode("utf-8"))
+    reason = next((r for text, r in _ORJSON_MESSAGES if text in exc.msg), "syntax")
+    if reason == "syntax" and data.startswith(_NON_FINITE, offset):
+        reason = "non_finite_number"
+    # "0-", "1.5+": orjson ends the number and finds content after it; the grammar
+    # (and the reference) reads one malformed number.
+    if reason == "trailing_data" and data[offset - 1 : offset + 1] in _NUMBER_TAILS:
+        reason = "syntax"
+    return StrictJSONError(reason, offset, f"{exc.msg[:200]} (over {EXPLAIN_MAX_BYTES} bytes)")
 
 
 def _check_limits(max_bytes: int, max_depth: int) -> None:
@@ -185,7 +317,6 @@ _ESCAPES: Final = {
 }
 # Section 3: false / null / true. Section 6: NaN and Infinity are not numbers.
 _LITERALS: Final = ((b"true", True), (b"false", False), (b"null", None))
-_NON_FINITE: Final = (b"NaN", b"Infinity", b"-Infinity")
 
 
 def _reference_parse(data: bytes, max_depth: int) -> Any:
@@ -316,7 +447,7 @@ def _number(data: bytes, pos: int) -> tuple[int | float, int]:
         # > 20 digits is out of range; checking first keeps int() off its digit limit.
         if len(text.lstrip(b"-")) <= 20 and _INT_MIN <= (integer := int(text)) <= _INT_MAX:
             return integer, end
-        raise _Fail("number_out_of_range", pos, "integer outside [-2**63, 2**64-1]")
+        raise _Fail("number_out_of_range", pos, _OUT_OF_RANGE)
     number = float(text)  # correctly rounded; underflow gives 0.0, which is accepted
     if number in (float("inf"), float("-inf")):
         raise _Fail("non_finite_number", pos, "number overflows a double")

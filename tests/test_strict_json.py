@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import orjson
 import pytest
@@ -21,7 +21,9 @@ from sshadapter import strict_json
 from sshadapter.errors import EVIDENCE_REASONS
 from sshadapter.strict_json import (
     DEFAULT_MAX_DEPTH,
+    EXPLAIN_MAX_BYTES,
     MAX_DEPTH_LIMIT,
+    ORJSON_MAX_BYTES,
     REASONS,
     StrictJSONError,
     _reference_parse,
@@ -102,9 +104,19 @@ def ref(data: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Outcome:
 
 
 def verdict(data: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Outcome:
-    """The fast path's outcome, after checking that the reference parser agrees."""
+    """The fast path's outcome, after checking that the reference parser agrees.
+
+    Over EXPLAIN_MAX_BYTES a rejection is explained by the C parsers: the fault
+    they meet first, at their offset (or -1). With one fault that is the
+    reference's reason (test_a_large_rejected_output_is_explained_...); with
+    several it may be another, so only the verdict is compared.
+    """
     result = fast(data, max_depth)
-    assert result == ref(data, max_depth)
+    expected = ref(data, max_depth)
+    if len(data) > EXPLAIN_MAX_BYTES and result[0] == "reject":
+        assert expected[0] == "reject"
+    else:
+        assert result == expected
     return result
 
 
@@ -499,3 +511,128 @@ _jsonish = st.text(st.sampled_from(list('[]{}",:0123456789.eE-+ \\utrfalsnN\tIy'
 def test_property_arbitrary_bytes(data: bytes) -> None:
     """Any bytes: a value or a StrictJSONError, and both parsers give the same outcome."""
     verdict(data, 4)
+
+
+# --- what a hostile output cannot buy (issue 17 defect 1) ------------------------
+
+PAD: Final = b" " * (EXPLAIN_MAX_BYTES + 1)  # trailing whitespace: the same verdict, large
+
+
+def _row(i: int) -> dict[str, Any]:
+    return {"id": i, "host": f"node-{i}", "bytes": i * 1000, "tags": ["a", "b"]}
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("escaped colons", b'{"a\\u003ab": "\\u003A", "c": ["x\\u003ay", {"\\u003a": ":"}]}'),
+        ("escaped backslash, then u003a", b'{"a": "\\\\u003a", "b": "\\\\\\u003a"}'),
+        (
+            "20-digit runs in strings",
+            b'{"id": "123456789012345678901234", "n": "-99999999999999999999"}',
+        ),
+        (
+            "integers at both edges",
+            f"[{2**64 - 1}, {-(2**63)}, {2**63}, 18446744073709551615]".encode(),
+        ),
+        (
+            "fractions and exponents of 20+ digits",
+            b"[0.123456789012345678901234, 1e-0000000000000000000001]",
+        ),
+        (
+            "a float with a 21-digit integer part",
+            b"[100000000000000000000.0, 123456789012345678901e-5]",
+        ),
+        ("depth exactly max_depth, innermost non-empty", b"[" * 32 + b"1" + b"]" * 32),
+        ("objects to max_depth", b'{"a":' * 31 + b"[1]" + b"}" * 31),
+        ("brackets in strings", orjson.dumps({"s": "[" * 100 + "{" * 100})),
+    ],
+)
+def test_hostile_shapes_are_accepted_without_the_reference(
+    name: str, data: bytes, no_reference: None
+) -> None:
+    """The shapes that once sent a whole output to the pure-Python parser are judged in C."""
+    value = orjson.loads(data)
+    small = orjson.dumps({"rows": [_row(i) for i in range(40)], "x": value})
+    large = orjson.dumps({"rows": [_row(i) for i in range(1500)], "x": value})  # > 64 KiB
+    assert len(large) > ORJSON_MAX_BYTES
+    for raw, depth in ((data, 32), (data + PAD, 32), (small, 33), (large, 33)):  # "x": a level
+        assert repr(loads(raw, depth)) == repr(json.loads(raw)), name  # json keeps big ints exact
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        (b'"x"] 1', "trailing_data"),
+        (b'"x", ]', "syntax"),
+        (b'"\\ud800"]', "lone_surrogate"),
+        (b"NaN]", "non_finite_number"),
+        (b"1e400]", "non_finite_number"),
+        (b"18446744073709551616]", "number_out_of_range"),
+        (b"-9223372036854775809]", "number_out_of_range"),
+        (b"1" * 5000 + b"]", "number_out_of_range"),
+        (b'{"a": 1, "a": 2}]', "duplicate_name"),
+        (b'{"a": 1, "a": "\\u003a"}]', "duplicate_name"),
+        (b"[" * 40 + b"]" * 41, "too_deep"),
+        (b"[" * 5000 + b"]" * 5001, "too_deep"),
+        (b'"\xff"]', "not_utf8"),
+    ],
+)
+@pytest.mark.parametrize("rows", [40, 1500])  # orjson's inputs and msgspec's (> 64 KiB)
+def test_a_large_rejected_output_is_explained_without_the_reference(
+    fault: bytes, expected: str, rows: int, no_reference: None
+) -> None:
+    """Over EXPLAIN_MAX_BYTES, the fault at the very end is named from the C parsers' errors."""
+    data = b"[" + orjson.dumps([_row(i) for i in range(rows)])[1:-1] + b", " + fault
+    assert len(data) > EXPLAIN_MAX_BYTES
+    with pytest.raises(StrictJSONError) as err:
+        loads(data)
+    assert err.value.reason == expected
+    assert err.value.offset == -1 or data[err.value.offset - 40 : err.value.offset + 40]
+
+
+def test_large_whitespace_is_empty_without_the_reference(no_reference: None) -> None:
+    """A large output of whitespace only is empty, found without the reference."""
+    assert fast(PAD) == ("reject", "empty", str(len(PAD)))
+
+
+def test_small_rejections_keep_the_reference_explanation() -> None:
+    """Up to EXPLAIN_MAX_BYTES a rejection names the offset and JSON path of the fault."""
+    data = b'{"rows": [{"a": 1}, {"a": 2, "a": 3}]}'
+    with pytest.raises(StrictJSONError) as err:
+        loads(data)
+    assert (err.value.reason, err.value.offset) == ("duplicate_name", 29)
+    assert "$.rows[1]" in err.value.detail
+
+
+@pytest.mark.parametrize("kind", ["list", "dict"])
+def test_the_dumps_depth_limit_is_measured_for_lists_and_dicts(kind: str) -> None:
+    """orjson.dumps writes exactly _DUMPS_MAX_DEPTH levels of lists or of objects, no more."""
+    limit = strict_json._DUMPS_MAX_DEPTH
+    assert limit > MAX_DEPTH_LIMIT
+
+    def nest(depth: int) -> Any:
+        value: Any = [] if kind == "list" else {}
+        for _ in range(depth - 1):
+            value = [value] if kind == "list" else {"k": value}
+        return value
+
+    orjson.dumps(nest(limit))
+    with pytest.raises(orjson.JSONEncodeError):
+        orjson.dumps(nest(limit + 1))
+
+
+@PROPERTY
+@given(mutated_documents() | _jsonish.map(str.encode))
+def test_property_large_inputs_agree_on_the_verdict(data: bytes) -> None:
+    """Padded past EXPLAIN_MAX_BYTES, any input gets the reference's verdict."""
+    verdict(data + PAD, 4)
+
+
+@PROPERTY
+@given(json_values, st.sampled_from(SERIALIZERS), st.integers(1, 6))
+def test_property_large_valid_documents(
+    value: Any, dump: Callable[[Any], bytes], depth: int
+) -> None:
+    """Valid documents padded past EXPLAIN_MAX_BYTES: the value, or too_deep, as the reference."""
+    verdict(dump(value) + PAD, depth)

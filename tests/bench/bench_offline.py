@@ -49,6 +49,7 @@ ROOT: Final = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
 
+import parser_cost  # noqa: E402
 from table import Row, print_rows  # noqa: E402
 
 from sshadapter.evaluate import evaluate, seal  # noqa: E402
@@ -534,17 +535,22 @@ def breakdown(budget_s: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a shorter run, targets only")
+    parser.add_argument("--parser", action="store_true", help="the strict parser's cost only")
     args = parser.parse_args()
     print(
         f"sshadapter offline stage, Python {sys.version.split()[0]}, "
         + ", ".join(f"{name} {version(name)}" for name in ("orjson", "jsonschema", "jsonschema-rs"))
     )
+    if args.parser:
+        parser_cost.run()
+        return
     figures = measure(QUICK_BUDGET_S if args.quick else BUDGET_S)
     print_figures(figures)
     print_rows("targets (issue 13)", target_rows(figures))
     if not args.quick:
         naive_comparison(BUDGET_S / 4)
         breakdown(BUDGET_S / 4)
+        parser_cost.run()
 
 
 if __name__ == "__main__":
