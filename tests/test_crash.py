@@ -94,7 +94,15 @@ def test_sigkill_loses_no_answered_call_and_verify_names_the_dead(
                 process.kill()
 
     audit = tmp_path / "audit.jsonl"
-    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    # SIGKILL can cut the write of a record short (the kernel stops copying at a fatal
+    # signal): the restart ends that torn line, and verify reports it, not as a record.
+    records, torn = [], []
+    for line in audit.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            torn.append(line)
+    assert len(torn) <= 1
     intents = {r["request_id"] for r in records if r["type"] == "intent"}
     results = {r["request_id"] for r in records if r["type"] == "result"}
     assert set(answered) <= intents & results  # nothing that reached an agent is unaudited
@@ -110,6 +118,7 @@ def test_sigkill_loses_no_answered_call_and_verify_names_the_dead(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "chain: intact" in done.stdout
+    assert ("torn write" in done.stdout) == bool(torn)
     assert f"intents without a result: {len(died)}" in done.stdout
     reported = {line.split()[0] for line in done.stdout.splitlines() if line.startswith("  req.")}
     assert reported == died
