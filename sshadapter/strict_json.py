@@ -231,16 +231,10 @@ def _rejection(data: bytes, max_depth: int, exc: Exception) -> StrictJSONError:
     named = _from_msgspec(data, str(exc))
     if named is not None:  # without a second parse: orjson's would peak at ~12x the size
         return named
-    # msgspec names an integer it cannot hold; orjson names any other fault, and
-    # where it is (orjson reads such an integer as a float, or as infinity).
-    too_big = "Integer" in str(exc)
-    try:
+    try:  # orjson names the rest (the end of the data, a lone surrogate) and where it is
         orjson.loads(data)
-    except orjson.JSONDecodeError as named:
-        err = _from_orjson(data, named)
-        return StrictJSONError("number_out_of_range", err.offset, _OUT_OF_RANGE) if too_big else err
-    if too_big:
-        return StrictJSONError("number_out_of_range", -1, _OUT_OF_RANGE)
+    except orjson.JSONDecodeError as refused:
+        return _from_orjson(data, refused)
     return StrictJSONError("syntax", -1, f"rejected by msgspec only: {str(exc)[:200]}")
 
 
