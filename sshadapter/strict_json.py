@@ -20,6 +20,7 @@ place (``strict_loads``), ``raise ... from exc``. See docs/strict-json.md.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections.abc import Callable
 from typing import Any, Final
@@ -69,6 +70,13 @@ _WHITESPACE: Final = b" \t\n\r"
 # quarter of orjson's memory (bench_offline). 64 KiB: the largest output judged
 # on the event loop (offload.OFFLOAD_ABOVE_BYTES), and every request and MCP message.
 ORJSON_MAX_BYTES: Final[int] = 64 * 1024
+# Over ORJSON_MAX_BYTES the value is written in pieces of about 1 MiB: a 16 MiB
+# output then peaks near its value's own memory, not value + 2-4x (orjson's
+# output buffer). The pieces are found on the value's first 4 levels, through
+# containers of at most 16 members: a few hundred orjson calls at most.
+DUMP_SLICE_BYTES: Final[int] = 1024 * 1024
+SPINE_LEVELS: Final[int] = 4
+SPINE_FANOUT: Final[int] = 16
 _DIGITS_TO_ZERO: Final = bytes.maketrans(b"123456789", b"000000000")
 _LONG_DIGIT_RUN: Final = b"0" * 19
 
@@ -134,12 +142,9 @@ def strict_loads(data: bytes, *, max_bytes: int, max_depth: int) -> Any:
     # _DUMPS_MAX_DEPTH. Wrapped in (_DUMPS_MAX_DEPTH - max_depth) lists, the value
     # is refused exactly when its own depth exceeds max_depth. A document with at
     # most max_depth brackets (strings included) cannot be too deep: no wrapping.
-    probe = value
-    if data.count(b"[") + data.count(b"{") > max_depth:
-        for _ in range(_DUMPS_MAX_DEPTH - max_depth):
-            probe = [probe]
+    wraps = _DUMPS_MAX_DEPTH - max_depth if data.count(b"[") + data.count(b"{") > max_depth else 0
     try:
-        dumped = orjson.dumps(probe)
+        colons = _written_colons(value, wraps, len(data))
     except orjson.JSONEncodeError as exc:
         if "Integer" in str(exc):
             raise _found(data, max_depth, "number_out_of_range", _OUT_OF_RANGE) from exc
@@ -148,9 +153,50 @@ def strict_loads(data: bytes, *, max_bytes: int, max_depth: int) -> Any:
     # or the escape \u003a. orjson writes every colon of the kept value raw and
     # keeps only the last of duplicate members, each of which takes at least its
     # own colon with it. So the counts are equal exactly when nothing was dropped.
-    if dumped.count(b":") != data.count(b":") + _escaped_colons(data):
+    if colons != data.count(b":") + _escaped_colons(data):
         raise _found(data, max_depth, "duplicate_name", "duplicate member name")
     return value
+
+
+def _written_colons(value: Any, wraps: int, size: int) -> int:
+    """The colons orjson.dumps writes for ``value`` inside ``wraps`` lists; its errors raised.
+
+    A large value is written in pieces (_spine_colons) so that orjson's output
+    buffer, up to 4x what it writes, never holds more than a piece beside the value.
+    """
+    if size <= ORJSON_MAX_BYTES:
+        return _dumped_colons(value, wraps)
+    return _spine_colons(value, wraps, SPINE_LEVELS, size)
+
+
+def _dumped_colons(value: Any, wraps: int) -> int:
+    for _ in range(wraps):
+        value = [value]
+    return orjson.dumps(value).count(b":")
+
+
+def _spine_colons(node: Any, wraps: int, levels: int, size: int) -> int:
+    """_written_colons of ``node``, piece by piece: the same colons, integers and depth.
+
+    A small container on the first SPINE_LEVELS levels is taken member by member
+    (each one level deeper, so one more wrap); a large one in slices of about
+    DUMP_SLICE_BYTES (a slice has the depth of its container, so the same wraps);
+    anything else is written whole. A member's colons are its structural one, its
+    name's and its value's.
+    """
+    if not node or not isinstance(node, list | dict):
+        return _dumped_colons(node, wraps)
+    if levels and len(node) <= SPINE_FANOUT:
+        if isinstance(node, list):
+            return sum(_spine_colons(item, wraps + 1, levels - 1, size) for item in node)
+        names: int = len(node) + sum(str(name).count(":") for name in node)
+        return names + sum(_spine_colons(v, wraps + 1, levels - 1, size) for v in node.values())
+    step = max(1, len(node) * DUMP_SLICE_BYTES // size)  # items in about DUMP_SLICE_BYTES
+    if isinstance(node, list):
+        return sum(_dumped_colons(node[i : i + step], wraps) for i in range(0, len(node), step))
+    items = iter(node.items())
+    pieces = (dict(itertools.islice(items, step)) for _ in range(0, len(node), step))
+    return sum(_dumped_colons(piece, wraps) for piece in pieces)
 
 
 class _Refused(Exception):
@@ -228,16 +274,13 @@ def _rejection(data: bytes, max_depth: int, exc: Exception) -> StrictJSONError:
         return StrictJSONError("too_deep", -1, "nesting deeper than max_depth")
     if isinstance(exc, orjson.JSONDecodeError):
         return _from_orjson(data, exc)
-    # msgspec names an integer it cannot hold; orjson names any other fault, and
-    # where it is (orjson reads such an integer as a float, or as infinity).
-    too_big = "Integer" in str(exc)
-    try:
+    named = _from_msgspec(data, str(exc))
+    if named is not None:  # without a second parse: orjson's would peak at ~12x the size
+        return named
+    try:  # orjson names the rest (the end of the data, a lone surrogate) and where it is
         orjson.loads(data)
-    except orjson.JSONDecodeError as named:
-        err = _from_orjson(data, named)
-        return StrictJSONError("number_out_of_range", err.offset, _OUT_OF_RANGE) if too_big else err
-    if too_big:
-        return StrictJSONError("number_out_of_range", -1, _OUT_OF_RANGE)
+    except orjson.JSONDecodeError as refused:
+        return _from_orjson(data, refused)
     return StrictJSONError("syntax", -1, f"rejected by msgspec only: {str(exc)[:200]}")
 
 
@@ -250,6 +293,30 @@ _ORJSON_MESSAGES: Final = (
 )
 _NON_FINITE: Final = (b"NaN", b"Infinity", b"-Infinity")
 _NUMBER_TAILS: Final = frozenset(bytes((d, c)) for d in b"0123456789" for c in b"0123456789+-.eE")
+
+
+_MSGSPEC_AT: Final = re.compile(r"JSON is malformed: (.*) \(byte ([0-9]+)\)$")
+
+
+def _from_msgspec(data: bytes, message: str) -> StrictJSONError | None:
+    """A large rejected input's reason from msgspec's message, or None where it cannot tell."""
+    if message.startswith("Integer value out of range"):
+        return StrictJSONError("number_out_of_range", -1, _OUT_OF_RANGE)
+    if message.startswith("Number out of range"):
+        return StrictJSONError("non_finite_number", -1, "number overflows a double")
+    found = _MSGSPEC_AT.match(message)
+    if found is None:  # "Input data was truncated": the end, or a lone high surrogate
+        return None
+    what, offset = found.group(1), min(int(found.group(2)), len(data))
+    reason = "syntax"
+    if what == "invalid utf-16 surrogate pair":
+        reason = "lone_surrogate"
+    elif what == "invalid character" and data.startswith((b"NaN", b"Infinity"), offset):
+        reason = "non_finite_number"  # msgspec points at the N or I, after any "-"
+    elif what == "trailing characters":  # msgspec points just past the first one
+        reason = "syntax" if data[offset - 2 : offset] in _NUMBER_TAILS else "trailing_data"
+    detail = f"{what[:200]} (over {EXPLAIN_MAX_BYTES} bytes)"
+    return StrictJSONError(reason, offset, detail)
 
 
 def _from_orjson(data: bytes, exc: orjson.JSONDecodeError) -> StrictJSONError:

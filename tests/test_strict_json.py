@@ -636,3 +636,76 @@ def test_property_large_valid_documents(
 ) -> None:
     """Valid documents padded past EXPLAIN_MAX_BYTES: the value, or too_deep, as the reference."""
     verdict(dump(value) + PAD, depth)
+
+
+# 2.6 MB of rows: over ORJSON_MAX_BYTES, and written in three slices of ~1 MiB.
+_PAD_ROWS: Final = orjson.dumps([{"i": i, "s": "x:y"} for i in range(120_000)])
+
+
+def big(data: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Outcome:
+    """The fast path's outcome for an input of any size."""
+    return _outcome(lambda: strict_loads(data, max_bytes=len(data), max_depth=max_depth))
+
+
+def _large(value: bytes, where: str) -> bytes:
+    """``value`` inside an output sliced when written: on the spine or inside a slice."""
+    if where == "slice":
+        cut = _PAD_ROWS.index(b"},{", len(_PAD_ROWS) // 2) + 2  # a row boundary mid-slice
+        return b'{"pad":' + _PAD_ROWS[:cut] + value + b"," + _PAD_ROWS[cut:] + b"}"
+    return b'{"pad":' + _PAD_ROWS + b',"v":' + value + b"}"
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(json_values, st.sampled_from(["spine", "slice"]), st.integers(3, 8))
+def test_property_large_outputs_are_written_in_pieces_exactly(
+    value: Any, where: str, max_depth: int
+) -> None:
+    """Over 64 KiB the value is checked piece by piece: the same value, or too_deep, exactly."""
+    data = _large(orjson.dumps(value), where)
+    assert len(data) > 2 * strict_json.DUMP_SLICE_BYTES
+    depth = max(3, 2 + _depth(value)) if where == "slice" else max(3, 1 + _depth(value))
+    expected = ("accept", repr(orjson.loads(data))) if depth <= max_depth else "too_deep"
+    result = big(data, max_depth)
+    assert (result if result[0] == "accept" else result[1]) == expected
+
+
+@pytest.mark.parametrize(
+    ("inner", "expected"),
+    [
+        (b'{"a": 1, "a": 2}', "duplicate_name"),
+        (b'{"a": {"b": 1, "b": 1}}', "duplicate_name"),
+        (
+            b"{" + b",".join(b'"k%d": %d' % (i, i) for i in range(40)) + b', "k3": 0}',
+            "duplicate_name",
+        ),
+        (b'{"a\\u003a": 1, "a:": 2}', "duplicate_name"),
+        (b'{"a\\u003a": 1, "b:": [":"]}', "accept"),
+        (b"[18446744073709551616]", "number_out_of_range"),
+        (b"-9223372036854775809", "number_out_of_range"),
+        (b"[18446744073709551615, -9223372036854775808]", "accept"),
+        (b"[[[[[[[[]]]]]]]]", "too_deep"),  # depth 8: 9 on the spine, 10 in a slice
+        (b"[[[[]]]]", "accept"),  # depth 4: 5 or 6
+        (b"{}", "accept"),
+        (b"[]", "accept"),
+    ],
+)
+@pytest.mark.parametrize("where", ["spine", "slice"])
+def test_a_fault_in_any_piece_of_a_large_output_is_found(
+    inner: bytes, expected: str, where: str, no_reference: None
+) -> None:
+    """Duplicates, big integers and depth are found on the spine and inside slices alike."""
+    data = _large(inner, where)
+    result = big(data, max_depth=8)
+    assert (result[0] if expected == "accept" else result[1]) == expected
+
+
+@pytest.mark.parametrize("duplicate", [False, True])
+def test_a_large_object_is_written_in_slices_of_members(duplicate: bool) -> None:
+    """An object of 150 000 members is written in pieces; a name repeated across them is found."""
+    members = [b'"m%d": "v:%d"' % (i, i) for i in range(150_000)]
+    if duplicate:
+        members.append(b'"m7": 0')
+    data = b"{" + b",".join(members) + b"}"
+    assert len(data) > 2 * strict_json.DUMP_SLICE_BYTES
+    result = big(data)
+    assert (result[1] if duplicate else result[0]) == ("duplicate_name" if duplicate else "accept")
