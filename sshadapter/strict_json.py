@@ -77,6 +77,7 @@ ORJSON_MAX_BYTES: Final[int] = 64 * 1024
 DUMP_SLICE_BYTES: Final[int] = 1024 * 1024
 SPINE_LEVELS: Final[int] = 4
 SPINE_FANOUT: Final[int] = 16
+SPINE_VISITS: Final[int] = 512  # containers taken apart at most: a bound on the Python work
 _DIGITS_TO_ZERO: Final = bytes.maketrans(b"123456789", b"000000000")
 _LONG_DIGIT_RUN: Final = b"0" * 19
 
@@ -166,7 +167,7 @@ def _written_colons(value: Any, wraps: int, size: int) -> int:
     """
     if size <= ORJSON_MAX_BYTES:
         return _dumped_colons(value, wraps)
-    return _spine_colons(value, wraps, SPINE_LEVELS, size)
+    return _spine_colons(value, wraps, SPINE_LEVELS, size, [SPINE_VISITS])
 
 
 def _dumped_colons(value: Any, wraps: int) -> int:
@@ -175,22 +176,27 @@ def _dumped_colons(value: Any, wraps: int) -> int:
     return orjson.dumps(value).count(b":")
 
 
-def _spine_colons(node: Any, wraps: int, levels: int, size: int) -> int:
+def _spine_colons(node: Any, wraps: int, levels: int, size: int, visits: list[int]) -> int:
     """_written_colons of ``node``, piece by piece: the same colons, integers and depth.
 
-    A small container on the first SPINE_LEVELS levels is taken member by member
-    (each one level deeper, so one more wrap); a large one in slices of about
-    DUMP_SLICE_BYTES (a slice has the depth of its container, so the same wraps);
-    anything else is written whole. A member's colons are its structural one, its
-    name's and its value's.
+    A small container on the first SPINE_LEVELS branching levels (a container of
+    one member takes no level: a chain of lists above the rows is followed down)
+    is taken member by member, each one level deeper, so one more wrap; a large
+    one in slices of about DUMP_SLICE_BYTES (a slice has the depth of its
+    container, so the same wraps); anything else, and everything once
+    SPINE_VISITS containers were taken apart, is written whole. A member's
+    colons are its structural one, its name's and its value's.
     """
     if not node or not isinstance(node, list | dict):
         return _dumped_colons(node, wraps)
-    if levels and len(node) <= SPINE_FANOUT:
+    if levels and len(node) <= SPINE_FANOUT and visits[0] > 0:
+        visits[0] -= 1
+        below = levels - (len(node) > 1)
         if isinstance(node, list):
-            return sum(_spine_colons(item, wraps + 1, levels - 1, size) for item in node)
+            return sum(_spine_colons(item, wraps + 1, below, size, visits) for item in node)
         names: int = len(node) + sum(str(name).count(":") for name in node)
-        return names + sum(_spine_colons(v, wraps + 1, levels - 1, size) for v in node.values())
+        values = node.values()
+        return names + sum(_spine_colons(v, wraps + 1, below, size, visits) for v in values)
     step = max(1, len(node) * DUMP_SLICE_BYTES // size)  # items in about DUMP_SLICE_BYTES
     if isinstance(node, list):
         return sum(_dumped_colons(node[i : i + step], wraps) for i in range(0, len(node), step))
@@ -241,8 +247,27 @@ def _escaped_colons(data: bytes) -> int:
     """
     if b"\\u003" not in data:  # nearly every input: one memchr-speed search
         return 0
-    plain = data.replace(b"\\\\", b"")
-    return plain.count(b"\\u003a") + plain.count(b"\\u003A")
+    count, start = 0, 0
+    while start < len(data):  # in pieces of about DUMP_SLICE_BYTES: no copy of the whole input
+        end = _piece_end(data, start + DUMP_SLICE_BYTES)
+        plain = data[start:end].replace(b"\\\\", b"")
+        count += plain.count(b"\\u003a") + plain.count(b"\\u003A")
+        start = end
+    return count
+
+
+def _piece_end(data: bytes, end: int) -> int:
+    """A cut at or after ``end`` with no backslash in the 6 bytes before it, so that no
+    escape and no run of backslashes is split; after 64 tries (backslashes all
+    along) the rest of the input is one piece."""
+    for _ in range(64):
+        if end >= len(data):
+            break
+        last = data.rfind(b"\\", end - 6, end)
+        if last == -1:
+            return end
+        end = last + 7
+    return len(data)
 
 
 def _found(data: bytes, max_depth: int, reason: str, detail: str) -> StrictJSONError:

@@ -709,3 +709,21 @@ def test_a_large_object_is_written_in_slices_of_members(duplicate: bool) -> None
     assert len(data) > 2 * strict_json.DUMP_SLICE_BYTES
     result = big(data)
     assert (result[1] if duplicate else result[0]) == ("duplicate_name" if duplicate else "accept")
+
+
+@pytest.mark.parametrize("between", [b"", b"\\\\", b"\\\\\\\\\\\\", b"ab"])
+@pytest.mark.parametrize("duplicate", [False, True])
+def test_escaped_colons_are_counted_exactly_across_pieces(between: bytes, duplicate: bool) -> None:
+    """Over 1 MiB the escaped colons are counted piece by piece: none split, none missed."""
+    text = (b"\\\\\\u003a" + between + b"x\\u003A") * 160_000  # backslash+colon, then a colon
+    tail = b'{"a": 1, "a": "\\u003a"}' if duplicate else b'{"a": 1, "b": "\\u003a"}'
+    data = b'{"s": "' + text + b'", "t": ' + tail + b"}"
+    assert len(data) > 2 * strict_json.DUMP_SLICE_BYTES
+    result = big(data)
+    assert (result[1] if duplicate else result[0]) == ("duplicate_name" if duplicate else "accept")
+    if not duplicate:
+        assert loads_big(data)["s"] == json.loads(data)["s"]
+
+
+def loads_big(data: bytes) -> Any:
+    return strict_loads(data, max_bytes=len(data), max_depth=DEFAULT_MAX_DEPTH)
