@@ -331,7 +331,9 @@ def _from_msgspec(data: bytes, message: str) -> StrictJSONError | None:
         return StrictJSONError("non_finite_number", -1, "number overflows a double")
     found = _MSGSPEC_AT.match(message)
     if found is None:  # "Input data was truncated": the end, or a lone high surrogate
-        return None
+        if message.startswith("Input data was truncated") and not _has_high_surrogate(data):
+            return StrictJSONError("syntax", len(data), "unexpected end of data")
+        return None  # orjson tells the two apart
     what, offset = found.group(1), min(int(found.group(2)), len(data))
     reason = "syntax"
     if what == "invalid utf-16 surrogate pair":
@@ -342,6 +344,16 @@ def _from_msgspec(data: bytes, message: str) -> StrictJSONError | None:
         reason = "syntax" if data[offset - 2 : offset] in _NUMBER_TAILS else "trailing_data"
     detail = f"{what[:200]} (over {EXPLAIN_MAX_BYTES} bytes)"
     return StrictJSONError(reason, offset, detail)
+
+
+_HIGH_SURROGATES: Final = tuple(
+    b"\\u" + d + h for d in (b"d", b"D") for h in (b"8", b"9", b"a", b"b", b"A", b"B")
+)
+
+
+def _has_high_surrogate(data: bytes) -> bool:
+    """Whether any \\uD800-\\uDBFF escape may be in ``data`` (a few memchr-speed searches)."""
+    return b"\\u" in data and any(escape in data for escape in _HIGH_SURROGATES)
 
 
 def _from_orjson(data: bytes, exc: orjson.JSONDecodeError) -> StrictJSONError:

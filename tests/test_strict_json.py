@@ -565,6 +565,7 @@ def test_hostile_shapes_are_accepted_without_the_reference(
     [
         (b'"x"] 1', "trailing_data"),
         (b'"x", ]', "syntax"),
+        (b'"x", [1, 2', "syntax"),  # cut short: msgspec says truncated, and no surrogate escape
         (b'"\\ud800"]', "lone_surrogate"),
         (b"NaN]", "non_finite_number"),
         (b"1e400]", "non_finite_number"),
