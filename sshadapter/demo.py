@@ -33,7 +33,6 @@ from typing import Any, Final
 import asyncssh
 import orjson
 
-from sshadapter import policy
 from sshadapter.config import (
     Allow,
     AuditSection,
@@ -42,9 +41,10 @@ from sshadapter.config import (
     PathsSection,
     ServerSection,
 )
-from sshadapter.daemon import assemble, bind_socket
-from sshadapter.registry import load_registry
-from sshadapter.rfc3339 import format_rfc3339
+from sshadapter.contract.registry import load_registry
+from sshadapter.contract.rfc3339 import format_rfc3339
+from sshadapter.daemon.server import assemble, bind_socket
+from sshadapter.dispatch import policy
 
 LOCAL_TIMEOUT_SECONDS: Final = 10.0  # the dispatcher and one of the local commands
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import orjson
 
-from sshadapter.audit import FsyncPolicy
 from sshadapter.config import (
     Allow,
     AuditSection,
@@ -21,12 +20,13 @@ from sshadapter.config import (
     PathsSection,
     ServerSection,
 )
-from sshadapter.daemon import Daemon, assemble, bind_socket
-from sshadapter.drift import PolicyMonitor
-from sshadapter.offload import Judge
+from sshadapter.daemon.audit import FsyncPolicy
+from sshadapter.daemon.drift import PolicyMonitor
+from sshadapter.daemon.offload import Judge
+from sshadapter.daemon.server import Daemon, assemble, bind_socket
+from sshadapter.daemon.service import Service
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.runners.scripted import ScriptedRunner
-from sshadapter.service import Service
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = datetime(2026, 11, 30, 4, 12, tzinfo=UTC)

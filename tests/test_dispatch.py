@@ -1,6 +1,6 @@
 """sshadapter-dispatch and its policy, without sshd: parsing, matching, refusals, the generator.
 
-The dispatcher (sshadapter/dispatcher.py) is imported here as a module for the
+The dispatcher (sshadapter/dispatch/dispatcher.py) is imported here as a module for the
 property tests and run as a file, as sshd runs it, for everything that
 touches the process (environment, stdin, signals, exit status, the log).
 tests/test_dispatch_sshd.py does the same through a real sshd.
@@ -42,13 +42,13 @@ from hypothesis import strategies as st
 from sshd import host_directory, policy_owner_args
 from test_schema_agreement import HOT_DATE_TIME, date_time_like
 
-from sshadapter import argv as argv_module
-from sshadapter import dispatcher, policy
+from sshadapter.check.fixtures import load_fixtures
 from sshadapter.cli import main as cli_main
+from sshadapter.contract import argv as argv_module
+from sshadapter.contract.registry import Registry, load_registry
+from sshadapter.dispatch import dispatcher, policy
+from sshadapter.dispatch.patterns import translate
 from sshadapter.errors import ConfigError
-from sshadapter.fixtures import load_fixtures
-from sshadapter.policy_patterns import translate
-from sshadapter.registry import Registry, load_registry
 
 REGISTRY = shipped_registry()
 OPERATIONS = sorted(REGISTRY.operations.values(), key=lambda op: op.name)

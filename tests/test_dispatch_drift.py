@@ -19,10 +19,10 @@ import orjson
 from daemon_harness import JOB_COMMAND, JOB_OUT, Running, with_daemon
 from dispatch_support import ROOT, open_commands, policy_without, shipped_registry
 
-from sshadapter import dispatcher, policy
-from sshadapter.drift import RECHECK_AFTER_REFUSAL_SECONDS, PolicyMonitor, compare
+from sshadapter.contract.evaluate import evaluate
+from sshadapter.daemon.drift import RECHECK_AFTER_REFUSAL_SECONDS, PolicyMonitor, compare
+from sshadapter.dispatch import dispatcher, policy
 from sshadapter.errors import UpstreamError
-from sshadapter.evaluate import evaluate
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 

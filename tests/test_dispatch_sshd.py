@@ -43,13 +43,13 @@ from dispatch_support import (
 from sshd import Sshd, generate_key, host_directory, policy_owner_args, running_sshd
 from test_commands import HOSTILE_ARGUMENTS
 
-from sshadapter import dispatcher, policy
+from sshadapter.check.fixtures import load_fixtures
 from sshadapter.cli import main as cli_main
 from sshadapter.config import Allow, AuditSection, Config, PathsSection, ServerSection
-from sshadapter.daemon import Daemon, assemble, bind_socket
-from sshadapter.drift import PolicyMonitor
-from sshadapter.fixtures import load_fixtures
-from sshadapter.registry import Registry, load_registry
+from sshadapter.contract.registry import Registry, load_registry
+from sshadapter.daemon.drift import PolicyMonitor
+from sshadapter.daemon.server import Daemon, assemble, bind_socket
+from sshadapter.dispatch import dispatcher, policy
 
 HOSTS = ("ci", "local")
 # A client that gives up early (ssh -tt without a PTY) may exit before the dispatcher logs.

@@ -24,16 +24,18 @@ import orjson
 from daemon_harness import JOB_COMMAND, JOB_OUT, ROOT, Running, shipped_commands, with_daemon
 from pydantic import BaseModel
 
-from sshadapter import envelope, errors, offload
-from sshadapter.commandfile import CommandFile
+from sshadapter import errors
+from sshadapter.check.fixtures import _CASE_KEYS, _EXPECT_KEYS
 from sshadapter.config import ConfigFile
+from sshadapter.contract import envelope
+from sshadapter.contract.commandfile import CommandFile
+from sshadapter.contract.registry import PARAM_KEYWORDS
+from sshadapter.contract.schemas import REFERENCE_FORMATS
+from sshadapter.daemon import offload
+from sshadapter.daemon.metrics import CLIENT_DROP_REASONS, Metrics
 from sshadapter.errors import UpstreamError
-from sshadapter.fixtures import _CASE_KEYS, _EXPECT_KEYS
-from sshadapter.metrics import CLIENT_DROP_REASONS, Metrics
-from sshadapter.registry import PARAM_KEYWORDS
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
-from sshadapter.schemas import REFERENCE_FORMATS
 
 DOCS = ROOT / "docs"
 AUDIT_SCHEMA = DOCS / "audit-records.schema.json"

@@ -34,9 +34,9 @@ from sshd import (
 
 from sshadapter.config import HostSection
 from sshadapter.errors import UpstreamError
-from sshadapter.runners import ssh as ssh_runner
 from sshadapter.runners.interface import RunResult
-from sshadapter.runners.ssh import SshRunner
+from sshadapter.runners.ssh import runner as ssh_runner
+from sshadapter.runners.ssh.runner import SshRunner
 
 T = TypeVar("T")
 

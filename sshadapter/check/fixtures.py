@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from sshadapter.bounded_read import read_bounded
-from sshadapter.commandfile import MAX_OUTPUT_BYTES
-from sshadapter.envelope import CODES
+from sshadapter.contract.commandfile import MAX_OUTPUT_BYTES
+from sshadapter.contract.envelope import CODES
+from sshadapter.contract.registry import Operation
+from sshadapter.contract.rfc3339 import parse_rfc3339
 from sshadapter.errors import STAGES, ConfigError, EvidenceError
-from sshadapter.registry import Operation
-from sshadapter.rfc3339 import parse_rfc3339
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
 # A case file holds the expected data of one output: at most as large as the largest output.

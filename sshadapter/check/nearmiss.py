@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import orjson
 
-from sshadapter.registry import Operation
+from sshadapter.contract.registry import Operation
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
 BANNER: Final = b"Last login: Mon Nov 30 03:58:11 2026 from 10.20.0.7\n"

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sshadapter.evaluate import Verdict, evaluate, seal
-from sshadapter.fixtures import Fixture, load_fixtures
-from sshadapter.nearmiss import derive
-from sshadapter.registry import Operation, Registry
+from sshadapter.check.fixtures import Fixture, load_fixtures
+from sshadapter.check.nearmiss import derive
+from sshadapter.contract.evaluate import Verdict, evaluate, seal
+from sshadapter.contract.registry import Operation, Registry
 from sshadapter.runners.interface import RunResult
 
 CHECK_REQUEST_ID = "req.check000000"  # envelopes are sealed with this, then it is dropped

@@ -29,10 +29,10 @@ from pydantic import (
 )
 
 from sshadapter.bounded_read import read_bounded
-from sshadapter.checks import Checks
 from sshadapter.config import Allow
+from sshadapter.contract.extract import FieldType
+from sshadapter.contract.semantic import Checks
 from sshadapter.errors import ConfigError
-from sshadapter.extract import FieldType
 from sshadapter.strict_json import DEFAULT_MAX_DEPTH, MAX_DEPTH_LIMIT
 
 PARAM_NAME: Final = r"^[a-z][a-z0-9_]{0,62}$"

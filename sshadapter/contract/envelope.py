@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import orjson
 
-from sshadapter.schemas import DRAFT_2020_12, Projection
+from sshadapter.contract.schemas import DRAFT_2020_12, Projection
 
 # code -> retryable by default (docs/protocol.md "Error codes"). UPSTREAM_UNAVAILABLE is not
 # retryable for a host key mismatch or an authentication failure.

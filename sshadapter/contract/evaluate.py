@@ -16,10 +16,11 @@ from typing import Any, Final
 
 import orjson
 
-from sshadapter import envelope, policy
-from sshadapter.checks import run_checks
+from sshadapter.contract import envelope
+from sshadapter.contract.registry import Operation
+from sshadapter.contract.semantic import run_checks
+from sshadapter.dispatch import policy
 from sshadapter.errors import DispatchRefusal, EvidenceError, Failure, failure_of
-from sshadapter.registry import Operation
 from sshadapter.runners.interface import RunResult
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from sshadapter.linear_regex import LinearPattern
+from sshadapter.contract.linear_regex import LinearPattern
 
 
 class ExitMeaning(NamedTuple):

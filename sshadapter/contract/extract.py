@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
+from sshadapter.contract.linear_regex import LinearPattern
 from sshadapter.errors import EvidenceError
-from sshadapter.linear_regex import LinearPattern
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
 FieldType = Literal["integer", "number", "boolean", "string"]

@@ -19,12 +19,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from sshadapter import __version__, envelope, policy
-from sshadapter.argv import ArgvTemplate, parse_template
-from sshadapter.commandfile import CommandFile, parse_command_file, read_command_bytes
-from sshadapter.errors import ConfigError, EvidenceError, RequestError
-from sshadapter.exitstatus import ByStderr, ExitCodes, ExitMeaning
-from sshadapter.extract import (
+from sshadapter import __version__
+from sshadapter.contract import envelope
+from sshadapter.contract.argv import ArgvTemplate, parse_template
+from sshadapter.contract.commandfile import CommandFile, parse_command_file, read_command_bytes
+from sshadapter.contract.exitstatus import ByStderr, ExitCodes, ExitMeaning
+from sshadapter.contract.extract import (
     DEFAULT_MAX_ROWS,
     JsonFormat,
     JsonlFormat,
@@ -33,8 +33,8 @@ from sshadapter.extract import (
     OutputFormat,
     RegexFormat,
 )
-from sshadapter.linear_regex import LinearPattern, LinearRegexError, compile_linear
-from sshadapter.schemas import (
+from sshadapter.contract.linear_regex import LinearPattern, LinearRegexError, compile_linear
+from sshadapter.contract.schemas import (
     DRAFT_2020_12,
     LoadedSchema,
     SchemaSet,
@@ -42,6 +42,8 @@ from sshadapter.schemas import (
     pattern_refusal,
     read_schema_files,
 )
+from sshadapter.dispatch import policy
+from sshadapter.errors import ConfigError, EvidenceError, RequestError
 
 # The parser and constants of `re` itself (see admits_nul); untyped private modules.
 _sre_parser: Any = importlib.import_module("re._parser")
@@ -193,7 +195,7 @@ def build_registry(source: RegistrySource, *, hosts: Collection[str] | None) -> 
     """The registry of ``source``, or ConfigError naming the first bad file.
 
     The operations of a dispatch host must also be ones the host's dispatcher can
-    enforce (sshadapter/policy.py); the policies are built here.
+    enforce (sshadapter/dispatch/policy.py); the policies are built here.
     """
     schemas = SchemaSet(source.schemas_dir, source.schemas)
     operations = {}

@@ -30,9 +30,9 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from sshadapter.bounded_read import read_bounded
+from sshadapter.contract.linear_regex import LinearRegexError, compile_linear
+from sshadapter.contract.rfc3339 import is_date_time
 from sshadapter.errors import ConfigError, EvidenceError
-from sshadapter.linear_regex import LinearRegexError, compile_linear
-from sshadapter.rfc3339 import is_date_time
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
 DRAFT_2020_12: Final = "https://json-schema.org/draft/2020-12/schema"

@@ -13,8 +13,8 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sshadapter.contract.rfc3339 import parse_rfc3339
 from sshadapter.errors import EvidenceError
-from sshadapter.rfc3339 import parse_rfc3339
 
 DEFAULT_MAX_SKEW_SECONDS: Final = 30  # clocks of two NTP-synced hosts agree far better than this
 

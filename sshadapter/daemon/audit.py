@@ -58,9 +58,9 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from sshadapter.contract.rfc3339 import format_rfc3339
+from sshadapter.daemon.private_paths import check_private, make_private_dirs
 from sshadapter.errors import AuditError, ConfigError
-from sshadapter.private_paths import check_private, make_private_dirs
-from sshadapter.rfc3339 import format_rfc3339
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """`sshadapter audit verify`: is the trail whole, and which calls died with the daemon?
 
-Each record's ``prev`` is the sha256 of the line before it (sshadapter/audit.py),
+Each record's ``prev`` is the sha256 of the line before it (sshadapter/daemon/audit.py),
 so an edited record breaks the link to the next one, a deleted or reordered
 record breaks the link across the gap, and text cut out of the middle breaks
 it at the cut. A line that is not a record is a break too, unless it is the
@@ -39,7 +39,7 @@ from typing import IO, Any, Final
 
 import orjson
 
-from sshadapter.audit import GENESIS
+from sshadapter.daemon.audit import GENESIS
 
 # The longest line read as a record. The daemon's records are far smaller (a command
 # is at most 64 KiB, and audit.TAIL_READ_BYTES must hold the last one); a longer line

@@ -31,11 +31,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from sshadapter import policy
+from sshadapter.contract.evaluate import dispatcher_refused
+from sshadapter.contract.registry import Operation, Registry
+from sshadapter.daemon.metrics import Metrics
+from sshadapter.dispatch import policy
 from sshadapter.errors import UpstreamError
-from sshadapter.evaluate import dispatcher_refused
-from sshadapter.metrics import Metrics
-from sshadapter.registry import Operation, Registry
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
@@ -271,7 +271,7 @@ class HostReport:
 
 async def check_hosts(config: Config, registry: Registry) -> list[HostReport]:
     """Ask every dispatch host for its policy, over the daemon's own kind of connection."""
-    from sshadapter.runners.ssh import SshRunner
+    from sshadapter.runners.ssh.runner import SshRunner
 
     runner = SshRunner({alias: config.hosts[alias] for alias in registry.policies})
     monitor = PolicyMonitor(runner, Metrics())

@@ -101,7 +101,7 @@ class Metrics:
         )
         self.dispatch_checks = Counter(
             "sshadapter_dispatch_policy_checks",
-            "Policy checks of dispatch hosts, by result (sshadapter/drift.py RESULTS).",
+            "Policy checks of dispatch hosts, by result (sshadapter/daemon/drift.py RESULTS).",
             ["host", "result"],
             registry=r,
         )

@@ -51,9 +51,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
 
+from sshadapter.contract.evaluate import Sealed, Verdict, evaluate, seal_line
+from sshadapter.contract.registry import Operation, Registry, RegistrySource, build_registry
 from sshadapter.errors import Failure
-from sshadapter.evaluate import Sealed, Verdict, evaluate, seal_line
-from sshadapter.registry import Operation, Registry, RegistrySource, build_registry
 from sshadapter.runners.interface import RunResult
 
 log = logging.getLogger(__name__)

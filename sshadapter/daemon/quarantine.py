@@ -20,8 +20,8 @@ import threading
 from pathlib import Path
 from typing import Final
 
+from sshadapter.daemon.private_paths import check_private, make_private_dirs
 from sshadapter.errors import ConfigError
-from sshadapter.private_paths import check_private, make_private_dirs
 
 FILE_MODE: Final = 0o600
 _SAFE_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,200}")

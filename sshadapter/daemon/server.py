@@ -38,20 +38,22 @@ from typing import Final
 
 from prometheus_client import start_http_server
 
-from sshadapter import __version__, policy, systemd
-from sshadapter.audit import AuditLog, now_text
-from sshadapter.authorize import Peer
+from sshadapter import __version__
 from sshadapter.config import Config, load_config
-from sshadapter.drift import PolicyMonitor
+from sshadapter.contract.registry import load_registry
+from sshadapter.daemon import systemd
+from sshadapter.daemon.audit import AuditLog, now_text
+from sshadapter.daemon.authorize import Peer
+from sshadapter.daemon.drift import PolicyMonitor
+from sshadapter.daemon.metrics import Metrics
+from sshadapter.daemon.offload import Judge
+from sshadapter.daemon.private_paths import make_private_dirs
+from sshadapter.daemon.quarantine import Quarantine
+from sshadapter.daemon.service import Service, Sleep
+from sshadapter.dispatch import policy
 from sshadapter.errors import ConfigError, UpstreamError
-from sshadapter.metrics import Metrics
-from sshadapter.offload import Judge
-from sshadapter.private_paths import make_private_dirs
-from sshadapter.quarantine import Quarantine
-from sshadapter.registry import load_registry
 from sshadapter.runners.interface import Runner
-from sshadapter.runners.ssh import SshRunner
-from sshadapter.service import Service, Sleep
+from sshadapter.runners.ssh.runner import SshRunner
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +348,7 @@ class Daemon:
     async def _warm(self, alias: str) -> None:
         """Open the first connection before the first call needs it; a failure is only logged.
 
-        A dispatch host is then asked for its policy (sshadapter/drift.py).
+        A dispatch host is then asked for its policy (sshadapter/daemon/drift.py).
         """
         try:
             await self.runner.warm(alias)

@@ -24,11 +24,16 @@ from typing import Any, Final
 
 import orjson
 
-from sshadapter import envelope
-from sshadapter.audit import AuditLog, now_text
-from sshadapter.authorize import Callers, Peer, resolve
 from sshadapter.config import Allow
-from sshadapter.drift import PolicyMonitor
+from sshadapter.contract import envelope
+from sshadapter.contract.evaluate import Verdict, seal_line
+from sshadapter.contract.registry import Operation, Registry
+from sshadapter.daemon.audit import AuditLog, now_text
+from sshadapter.daemon.authorize import Callers, Peer, resolve
+from sshadapter.daemon.drift import PolicyMonitor
+from sshadapter.daemon.metrics import Metrics
+from sshadapter.daemon.offload import Judge
+from sshadapter.daemon.quarantine import Quarantine
 from sshadapter.errors import (
     AuditError,
     DeniedError,
@@ -39,11 +44,6 @@ from sshadapter.errors import (
     UpstreamError,
     failure_of,
 )
-from sshadapter.evaluate import Verdict, seal_line
-from sshadapter.metrics import Metrics
-from sshadapter.offload import Judge
-from sshadapter.quarantine import Quarantine
-from sshadapter.registry import Operation, Registry
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.strict_json import StrictJSONError, strict_loads
 

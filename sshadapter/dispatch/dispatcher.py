@@ -280,7 +280,7 @@ def check_policy(policy: Any) -> None:
 
 
 def _param_name(name: str) -> bool:
-    """[a-z][a-z0-9_]{0,62}, as the command-file format says (sshadapter/commandfile.py)."""
+    """[a-z][a-z0-9_]{0,62}, as the command-file format says (contract/commandfile.py)."""
     return 0 < len(name) <= 63 and name[0] in _PARAM_FIRST and set(name) <= _PARAM_REST
 
 
@@ -331,7 +331,7 @@ def _check_operation(operation: Any) -> None:
 
 
 def quote(text: str) -> str:
-    """Exactly ``shlex.quote`` (the daemon's quoting, sshadapter/argv.py)."""
+    """Exactly ``shlex.quote`` (the daemon's quoting, sshadapter/contract/argv.py)."""
     if not text:
         return "''"
     if set(text) <= _SAFE_BARE:
@@ -429,9 +429,9 @@ def _fill(template: list[Any], argv: list[str]) -> dict[str, str] | None:
     return values
 
 
-# The parameter schemas: the keywords a parameter may use (sshadapter/registry.py
+# The parameter schemas: the keywords a parameter may use (sshadapter/contract/registry.py
 # PARAM_KEYWORDS), with JSON Schema's meaning. A value arrives as the text the daemon
-# rendered (sshadapter/argv.py render): a string as itself, an integer in decimal, a
+# rendered (sshadapter/contract/argv.py render): a string as itself, an integer in decimal, a
 # boolean as true/false. Text that the daemon would not have rendered is refused.
 
 
@@ -494,7 +494,7 @@ def _json_equal(a: Any, b: Any) -> bool:
 
 
 def is_date_time(text: str) -> bool:
-    """RFC 3339 date-time, as the daemon's ``format: date-time`` (sshadapter/rfc3339.py)."""
+    """RFC 3339 date-time, as the daemon's ``format: date-time`` (contract/rfc3339.py)."""
     match = re.fullmatch(_DATE_TIME, text)
     if match is None:
         return False

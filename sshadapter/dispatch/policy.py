@@ -1,7 +1,7 @@
 """The dispatch policy of a host: its operations as the host's dispatcher enforces them.
 
 Reference: docs/dispatcher.md. ``sshadapter policy HOST_ALIAS`` prints it; the
-host's ``sshadapter-dispatch`` (sshadapter/dispatcher.py, never imported here)
+host's ``sshadapter-dispatch`` (sshadapter/dispatch/dispatcher.py, never imported here)
 reads it. For each operation of the host alias: the argv template (a literal
 element is a string, a placeholder element ``{"param", "prefix", "suffix"}``)
 and each parameter's schema, rewritten so the dispatcher's stdlib checks mean
@@ -11,7 +11,7 @@ whole. Nothing else: no output schema, no other host's operation, no secret.
 An operation on a dispatch host must be one the dispatcher can enforce with
 the daemon's meaning, or its directory does not load (ConfigError naming the
 file and key): a literal program, at most one placeholder per element,
-parameter patterns in the subset of sshadapter/policy_patterns.py, integer
+parameter patterns in the subset of sshadapter/dispatch/patterns.py, integer
 bounds the dispatcher compares exactly, no exit status equal to the
 dispatcher's refusal status, and no two operations of one host that could
 both accept the same command.
@@ -31,13 +31,13 @@ from collections.abc import Iterable, Mapping
 from itertools import combinations
 from typing import TYPE_CHECKING, Any, Final
 
+from sshadapter.contract.schemas import DRAFT_2020_12, SchemaSet
+from sshadapter.dispatch.patterns import translate
 from sshadapter.errors import ConfigError
-from sshadapter.policy_patterns import translate
-from sshadapter.schemas import DRAFT_2020_12, SchemaSet
 
 if TYPE_CHECKING:
     from sshadapter.config import Config
-    from sshadapter.registry import Operation
+    from sshadapter.contract.registry import Operation
 
 POLICY_FORMAT: Final = "sshadapter-dispatch-policy/1"
 REFUSED_STATUS: Final = 77  # sysexits.h EX_NOPERM; the dispatcher exits with it on refusal
@@ -63,7 +63,7 @@ def dispatcher_source() -> bytes:
     """The host's dispatcher file, as `sshadapter dispatcher --write` writes it."""
     from importlib.resources import files
 
-    return files("sshadapter").joinpath(DISPATCHER_FILE).read_bytes()
+    return files("sshadapter.dispatch").joinpath(DISPATCHER_FILE).read_bytes()
 
 
 def dispatch_hosts(config: Config) -> frozenset[str]:

@@ -6,10 +6,10 @@ policy, and talks to the daemon over its Unix socket like any other client,
 so the daemon still identifies the caller by ``SO_PEERCRED``, decides, audits
 and answers. The bridge translates: the daemon's ``list`` becomes
 ``tools/list``, ``tools/call`` becomes one ``call``, and the envelope comes
-back unchanged as the tool result (``mcp_tools``). Both protocol eras are
-served (``mcp_protocol``); the reference is docs/mcp.md.
+back unchanged as the tool result (``tools``). Both protocol eras are
+served (``protocol``); the reference is docs/mcp.md.
 
-One daemon connection per request in flight (``mcp_daemon``): the daemon
+One daemon connection per request in flight (``daemon_link``): the daemon
 answers in order per connection, so concurrent calls need their own, and
 closing one is how a cancelled call is let go. Connections are opened when
 needed, never at start, so the bridge starts before the daemon and carries on
@@ -29,8 +29,8 @@ from typing import Any, Final, Protocol
 
 import orjson
 
-from sshadapter.mcp_daemon import DaemonLink, DaemonUnreachable
-from sshadapter.mcp_protocol import (
+from sshadapter.mcp.daemon_link import DaemonLink, DaemonUnreachable
+from sshadapter.mcp.protocol import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -50,8 +50,8 @@ from sshadapter.mcp_protocol import (
     parse_message,
     result,
 )
-from sshadapter.mcp_stdio import END, TOO_LONG, Item, StdinLines, claim_stdout, write_all
-from sshadapter.mcp_tools import (
+from sshadapter.mcp.stdio import END, TOO_LONG, Item, StdinLines, claim_stdout, write_all
+from sshadapter.mcp.tools import (
     DAEMON_SYSTEM_TOOL,
     INSTRUCTIONS,
     LIST_TTL_MS,

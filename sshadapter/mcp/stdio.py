@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Final
 
-from sshadapter.mcp_protocol import MAX_LINE_BYTES
+from sshadapter.mcp.protocol import MAX_LINE_BYTES
 
 READ_CHUNK_BYTES: Final = 64 * 1024
 MAX_QUEUED_LINES: Final = 16

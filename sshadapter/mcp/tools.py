@@ -17,10 +17,10 @@ from typing import Any, Final
 import orjson
 
 from sshadapter import __version__
-from sshadapter.mcp_protocol import SERVER_INFO_KEY, Era
+from sshadapter.mcp.protocol import SERVER_INFO_KEY, Era
 
 # envelope.SYSTEM_TOOL and the failure shape of envelope.failure, written out rather than
-# imported: sshadapter.envelope pulls in the schema libraries, 130 ms and 17 MB at every
+# imported: sshadapter.contract.envelope pulls in the schema libraries, 130 ms and 17 MB at every
 # start of a process each agent session starts. tests/test_mcp_tools.py holds them equal.
 DAEMON_SYSTEM_TOOL: Final = "sshadapter"
 """The `tool` of the daemon's answer to a request naming no known tool."""

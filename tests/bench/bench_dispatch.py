@@ -58,8 +58,8 @@ from dispatch_support import (  # noqa: E402
 from sshd import generate_key, host_directory, running_sshd  # noqa: E402
 
 from sshadapter.config import Allow, AuditSection, Config, PathsSection, ServerSection  # noqa: E402
-from sshadapter.daemon import Daemon, assemble, bind_socket  # noqa: E402
-from sshadapter.registry import load_registry  # noqa: E402
+from sshadapter.contract.registry import load_registry  # noqa: E402
+from sshadapter.daemon.server import Daemon, assemble, bind_socket  # noqa: E402
 
 COMMAND = "cat /proc/loadavg"
 CALLS_PER_ROUND = 20
