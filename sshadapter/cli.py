@@ -258,13 +258,15 @@ def _print_response(message: dict[str, object], socket_path: Path, ok: Any) -> i
 
 
 def _load(args: argparse.Namespace) -> tuple[Config, Registry]:
-    return _load_with_path(args)[1:]
+    _, config, registry, _ = _load_with_path(args)
+    return config, registry
 
 
 def _load_with_path(
     args: argparse.Namespace, *, also_dispatch: str = ""
-) -> tuple[Path | None, Config, Registry]:
-    """The configuration file used (None: built-in defaults), it, and its registry.
+) -> tuple[Path | None, Config, Registry, dict[str, dict[str, Any]]]:
+    """The configuration file used (None: built-in defaults), it, its registry, and the
+    policy of each dispatch host: what `serve` would load, and refuse, from the same files.
 
     ``also_dispatch``: a host alias whose policy is wanted before it is marked `dispatch`.
     """
@@ -284,18 +286,18 @@ def _load_with_path(
     registry = load_registry(
         config.paths.commands, config.paths.schemas, hosts=hosts, dispatch_hosts=dispatch_hosts
     )
-    return path, config, registry
+    return path, config, registry, policy.host_policies(registry)
 
 
 def _load_for_check(args: argparse.Namespace) -> tuple[Path | None, Registry]:
-    path, _, registry = _load_with_path(args)
+    path, _, registry, _ = _load_with_path(args)
     return path, registry
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from sshadapter.check.report import check_registry, format_table, warnings
 
-    config_path, config, registry = _load_with_path(args)
+    config_path, config, registry, policies = _load_with_path(args)
     rows = check_registry(registry)
     for warning in warnings(registry):  # not a miss: the exit status stays the table's
         print(f"sshadapter: warning: {warning}", file=sys.stderr)
@@ -309,7 +311,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if args.hosts:  # the one part of `check` that talks to hosts (docs/dispatcher.md)
         from sshadapter.daemon.drift import check_hosts, format_hosts
 
-        hosts = asyncio.run(check_hosts(config, registry))
+        hosts = asyncio.run(check_hosts(config, policies))
     if args.json:
         report = [r.as_json() for r in rows] + [h.as_json() for h in hosts]
         sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
@@ -322,8 +324,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 def _cmd_policy(args: argparse.Namespace) -> int:
     """Every operation of one host alias as its dispatcher enforces it (docs/dispatcher.md)."""
-    _, _, registry = _load_with_path(args, also_dispatch=args.host)
-    document = registry.policies[args.host]
+    _, _, _, policies = _load_with_path(args, also_dispatch=args.host)
+    document = policies[args.host]
     sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
     return EXIT_OK
 

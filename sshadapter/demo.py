@@ -278,7 +278,9 @@ async def run_demo(out: Callable[[str], None] = print) -> int:
         registry = load_registry(
             commands, root / "schemas", hosts=hosts.keys(), dispatch_hosts=("local",)
         )
-        dispatch_host.policy_file.write_bytes(policy.canonical_json(registry.policies["local"]))
+        dispatch_host.policy_file.write_bytes(
+            policy.canonical_json(policy.host_policies(registry)["local"])
+        )
         daemon = assemble(config)
         service = daemon.service
         sock = bind_socket(config.server.socket_path, 0o600, "")

@@ -25,6 +25,7 @@ from sshadapter.daemon.drift import PolicyMonitor
 from sshadapter.daemon.offload import Judge
 from sshadapter.daemon.server import Daemon, assemble, bind_socket
 from sshadapter.daemon.service import Service
+from sshadapter.dispatch import policy
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 
@@ -144,7 +145,7 @@ def with_daemon(
         daemon = assemble(config, runner=use, clock=lambda: NOW, judge=judge)
         if dispatch_clock is not None:  # the monitor assemble made, with the test's clock
             monitor = PolicyMonitor(daemon.runner, daemon.service.metrics, clock=dispatch_clock)
-            monitor.expect(daemon.service.registry.policies)
+            monitor.expect(policy.host_policies(daemon.service.registry))
             daemon.service.dispatch = monitor
         sock = bind_socket(socket_path, socket_mode, "")
         task = asyncio.create_task(daemon.serve(sock))

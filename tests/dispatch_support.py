@@ -36,7 +36,7 @@ def shipped_registry(dispatch_hosts: tuple[str, ...] = HOSTS) -> Registry:
 
 
 def policy_for(registry: Registry, op: Operation) -> dict[str, Any]:
-    return dict(registry.policies[op.spec.host])
+    return dict(policy.host_policies(registry)[op.spec.host])
 
 
 def write_policy(path: Path, document: Mapping[str, Any]) -> Path:

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 from sshadapter import errors
 from sshadapter.check.fixtures import _CASE_KEYS, _EXPECT_KEYS
 from sshadapter.config import ConfigFile
-from sshadapter.contract import envelope
+from sshadapter.contract import codes
 from sshadapter.contract.commandfile import CommandFile
 from sshadapter.contract.registry import PARAM_KEYWORDS
 from sshadapter.contract.schemas import REFERENCE_FORMATS
@@ -137,7 +137,7 @@ def test_every_code_stage_and_reason_is_documented() -> None:
     """docs/protocol.md names every error code, stage and reason the daemon can produce."""
     text = (DOCS / "protocol.md").read_text()
     names = {
-        *envelope.CODES,
+        *codes.CODES,
         *errors.STAGES,
         *errors.REQUEST_REASONS,
         *errors.TRANSPORT_REASONS,
@@ -268,7 +268,7 @@ def test_the_audit_schema_is_valid_and_its_lists_are_the_codes() -> None:
         *(reason for reasons in errors.DISPATCH_REASONS.values() for reason in reasons),
         DECLARED_EXIT_STATUS,
     }
-    assert defs["code"]["enum"] == list(envelope.CODES)
+    assert defs["code"]["enum"] == list(codes.CODES)
     assert defs["stage"]["enum"] == list(errors.STAGES)
     assert set(defs["reason"]["enum"]) == reasons
     assert set(defs["transport_reason"]["enum"]) == errors.TRANSPORT_REASONS

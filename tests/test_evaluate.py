@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sshadapter.contract.codes import CODES
 from sshadapter.contract.envelope import (
-    CODES,
     REQUEST_ID_PATTERN,
     SYSTEM_ENVELOPE_SCHEMA,
     failure,

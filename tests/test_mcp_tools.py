@@ -17,7 +17,6 @@ from sshadapter.contract.registry import load_registry
 from sshadapter.mcp.protocol import Era
 from sshadapter.mcp.tools import (
     BRIDGE_REQUEST_ID_PREFIX,
-    DAEMON_SYSTEM_TOOL,
     TOOL_NAME,
     DaemonAnswerError,
     bridge_envelope,
@@ -41,8 +40,6 @@ def entry(name: str, **changes: Any) -> dict[str, Any]:
 
 def test_bridge_envelope_is_the_daemons_failure_shape_with_its_own_id_prefix() -> None:
     """Written out to keep start-up light, it must equal envelope.failure but for request_id."""
-    assert DAEMON_SYSTEM_TOOL == envelope.SYSTEM_TOOL
-    assert DAEMON_SYSTEM_TOOL == registry.RESERVED_TOOL
     assert TOOL_NAME.pattern == registry.TOOL_NAME.pattern
     made = bridge_envelope("disk_usage", "INTERNAL", True)
     daemon = envelope.failure("disk_usage", made["request_id"], "INTERNAL", True)

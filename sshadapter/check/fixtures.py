@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from sshadapter.bounded_read import read_bounded
+from sshadapter.contract.codes import CODES
 from sshadapter.contract.commandfile import MAX_OUTPUT_BYTES
-from sshadapter.contract.envelope import CODES
 from sshadapter.contract.registry import Operation
 from sshadapter.contract.rfc3339 import parse_rfc3339
 from sshadapter.errors import STAGES, ConfigError, EvidenceError

@@ -17,20 +17,9 @@ from typing import Any, Final
 
 import orjson
 
+from sshadapter.contract.codes import CODES, SYSTEM_TOOL
 from sshadapter.contract.schemas import DRAFT_2020_12, Projection
 
-# code -> retryable by default (docs/protocol.md "Error codes"). UPSTREAM_UNAVAILABLE is not
-# retryable for a host key mismatch or an authentication failure.
-CODES: Final[Mapping[str, bool]] = {
-    "INVALID_REQUEST": False,
-    "DENIED": False,
-    "NOT_FOUND": False,
-    "UPSTREAM_UNAVAILABLE": True,
-    "INVALID_RESPONSE": False,
-    "OVERLOADED": True,
-    "INTERNAL": False,
-}
-SYSTEM_TOOL: Final = "sshadapter"
 REQUEST_ID_PATTERN: Final = "^[A-Za-z0-9][A-Za-z0-9_.]{7,63}$"
 ENVELOPE_BASE_URI: Final = "https://sshadapter.invalid/envelopes/"
 

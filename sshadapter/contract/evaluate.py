@@ -17,9 +17,10 @@ from typing import Any, Final
 import orjson
 
 from sshadapter.contract import envelope
+from sshadapter.contract.codes import CODES
+from sshadapter.contract.exitstatus import REFUSAL_PREFIX, REFUSED_STATUS
 from sshadapter.contract.registry import Operation
 from sshadapter.contract.semantic import run_checks
-from sshadapter.dispatch import policy
 from sshadapter.errors import DispatchRefusal, EvidenceError, Failure, failure_of
 from sshadapter.runners.interface import RunResult
 
@@ -114,7 +115,7 @@ def check_exit_status(op: Operation, run: RunResult) -> Verdict | None:
         # rejection like any other: the service quarantines its bytes.
         return Verdict(
             code=meaning,
-            retryable=envelope.CODES[meaning],
+            retryable=CODES[meaning],
             stage="exit",
             reason="declared_exit_status",
             detail=f"exit status {run.exit_status}{f', {because}' if because else ''} = {meaning}",
@@ -130,7 +131,7 @@ def dispatcher_refused(run: RunResult) -> bool:
     A dispatch host's operation cannot declare that status (policy.operation_policy);
     a program of its own exiting with it, without the line, stays undeclared.
     """
-    return run.exit_status == policy.REFUSED_STATUS and run.stderr.startswith(policy.REFUSAL_PREFIX)
+    return run.exit_status == REFUSED_STATUS and run.stderr.startswith(REFUSAL_PREFIX)
 
 
 def project(op: Operation, value: Any) -> dict[str, Any]:

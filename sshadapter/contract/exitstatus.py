@@ -14,9 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 from sshadapter.contract.linear_regex import LinearPattern
+
+# How a dispatch host's sshadapter-dispatch says no (docs/dispatcher.md): this status and one
+# stderr line starting so. Recognised before the operation's own exit statuses are read; the
+# host's program keeps its own copy (tests/test_dispatch.py holds them equal).
+REFUSED_STATUS: Final = 77  # sysexits.h EX_NOPERM
+REFUSAL_PREFIX: Final = b"sshadapter-dispatch: refused"
 
 
 class ExitMeaning(NamedTuple):

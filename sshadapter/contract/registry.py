@@ -9,7 +9,6 @@ first bad file raises ConfigError naming the file, the key and the reason.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib
 import re
@@ -22,6 +21,7 @@ from typing import Any, Final, Literal
 from sshadapter import __version__
 from sshadapter.contract import envelope
 from sshadapter.contract.argv import ArgvTemplate, parse_template
+from sshadapter.contract.codes import SYSTEM_TOOL, TOOL_NAME_PATTERN
 from sshadapter.contract.commandfile import CommandFile, parse_command_file, read_command_bytes
 from sshadapter.contract.exitstatus import ByStderr, ExitCodes, ExitMeaning
 from sshadapter.contract.extract import (
@@ -42,15 +42,13 @@ from sshadapter.contract.schemas import (
     pattern_refusal,
     read_schema_files,
 )
-from sshadapter.dispatch import policy
 from sshadapter.errors import ConfigError, EvidenceError, RequestError
 
 # The parser and constants of `re` itself (see admits_nul); untyped private modules.
 _sre_parser: Any = importlib.import_module("re._parser")
 _sre_constants: Any = importlib.import_module("re._constants")
 
-TOOL_NAME: Final = re.compile(r"[a-z][a-z0-9_]{1,62}")
-RESERVED_TOOL: Final = "sshadapter"  # answers requests that name no known tool
+TOOL_NAME: Final = re.compile(TOOL_NAME_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -136,7 +134,8 @@ class RegistrySource:
     """`<name>.json` -> bytes."""
     dispatch_hosts: frozenset[str] = frozenset()
     """Host aliases behind sshadapter-dispatch (`dispatch = true`): their operations must
-    be ones the dispatcher can enforce, and their policies are built (docs/dispatcher.md)."""
+    be ones the dispatcher can enforce: ``dispatch.policy.host_policies`` builds their
+    policies from the registry (docs/dispatcher.md)."""
 
     @classmethod
     def read(
@@ -172,8 +171,6 @@ class Registry:
     """``sha256:`` + ``source.digest``: changes whenever any command file or schema does.
     Sent with `list`, so a client that caches the list (``sshadapter mcp``) notices a
     reload without comparing schemas."""
-    policies: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
-    """The dispatch policy of each dispatch host alias, as the daemon expects the host's."""
 
     def get(self, name: str) -> Operation | None:
         return self.operations.get(name)
@@ -194,8 +191,8 @@ def load_registry(
 def build_registry(source: RegistrySource, *, hosts: Collection[str] | None) -> Registry:
     """The registry of ``source``, or ConfigError naming the first bad file.
 
-    The operations of a dispatch host must also be ones the host's dispatcher can
-    enforce (sshadapter/dispatch/policy.py); the policies are built here.
+    Whether a dispatch host's dispatcher can enforce its operations is decided where
+    its policy is built (``dispatch.policy.host_policies``), not here.
     """
     schemas = SchemaSet(source.schemas_dir, source.schemas)
     operations = {}
@@ -208,11 +205,7 @@ def build_registry(source: RegistrySource, *, hosts: Collection[str] | None) -> 
             dispatch_hosts=source.dispatch_hosts,
         )
         operations[operation.name] = operation
-    policies = {
-        alias: policy.host_policy(alias, operations.values(), schemas)
-        for alias in sorted(source.dispatch_hosts)
-    }
-    return Registry(operations, schemas, source, f"sha256:{source.digest}", policies)
+    return Registry(operations, schemas, source, f"sha256:{source.digest}")
 
 
 def load_operation(
@@ -228,8 +221,8 @@ def load_operation(
     name = path.stem
     if not TOOL_NAME.fullmatch(name):
         raise ConfigError(file, "", f"tool name {name!r} must match ^[a-z][a-z0-9_]{{1,62}}$")
-    if name == RESERVED_TOOL:
-        raise ConfigError(file, "", f"{RESERVED_TOOL!r} is reserved")
+    if name == SYSTEM_TOOL:
+        raise ConfigError(file, "", f"{SYSTEM_TOOL!r} is reserved")
     if raw is None:
         raw = read_command_bytes(path)
     spec = parse_command_file(path, raw)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from sshadapter.contract.evaluate import dispatcher_refused
-from sshadapter.contract.registry import Operation, Registry
+from sshadapter.contract.registry import Operation
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.dispatch import policy
 from sshadapter.errors import UpstreamError
@@ -88,7 +88,7 @@ class PolicyMonitor:
         return sorted(self._expected)
 
     def expect(self, policies: Mapping[str, Mapping[str, Any]]) -> None:
-        """The policies the daemon's command files give each dispatch host (Registry.policies)."""
+        """Each dispatch host's policy as the command files give it (policy.host_policies)."""
         self._expected = dict(policies)
 
     def state(self, alias: str) -> HostState | None:
@@ -269,13 +269,15 @@ class HostReport:
         }
 
 
-async def check_hosts(config: Config, registry: Registry) -> list[HostReport]:
+async def check_hosts(
+    config: Config, policies: Mapping[str, Mapping[str, Any]]
+) -> list[HostReport]:
     """Ask every dispatch host for its policy, over the daemon's own kind of connection."""
     from sshadapter.runners.ssh.runner import SshRunner
 
-    runner = SshRunner({alias: config.hosts[alias] for alias in registry.policies})
+    runner = SshRunner({alias: config.hosts[alias] for alias in policies})
     monitor = PolicyMonitor(runner, Metrics())
-    monitor.expect(registry.policies)
+    monitor.expect(policies)
     try:
         return [HostReport(alias, await monitor.check(alias)) for alias in monitor.hosts]
     finally:

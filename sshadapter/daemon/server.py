@@ -34,13 +34,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import start_http_server
 
 from sshadapter import __version__
 from sshadapter.config import Config, load_config
-from sshadapter.contract.registry import load_registry
+from sshadapter.contract.registry import Registry, load_registry
 from sshadapter.daemon import systemd
 from sshadapter.daemon.audit import AuditLog, now_text
 from sshadapter.daemon.authorize import Peer
@@ -322,12 +322,7 @@ class Daemon:
 
     def _reload(self) -> None:
         try:
-            registry = load_registry(
-                self.config.paths.commands,
-                self.config.paths.schemas,
-                hosts=self.config.hosts.keys(),
-                dispatch_hosts=policy.dispatch_hosts(self.config),
-            )
+            registry, policies = load(self.config)
         except ConfigError as exc:
             log.error(
                 "reload refused, keeping %d tools: %s", len(self.service.registry.operations), exc
@@ -336,7 +331,7 @@ class Daemon:
         else:
             self.service.install(registry)
             if self.service.dispatch is not None:  # hosts first, then the reload: check them
-                self.service.dispatch.expect(registry.policies)
+                self.service.dispatch.expect(policies)
                 self.service.dispatch.check_soon()
             self.service.metrics.reloads.labels("success").inc()
             log.info("reloaded %d tools", len(registry.operations))
@@ -489,6 +484,18 @@ def open_listening_socket(config: Config) -> tuple[socket.socket, bool]:
     return sock, True
 
 
+def load(config: Config) -> tuple[Registry, dict[str, dict[str, Any]]]:
+    """The configuration's registry and each dispatch host's policy, or ConfigError: all
+    or nothing, at start and at every reload."""
+    registry = load_registry(
+        config.paths.commands,
+        config.paths.schemas,
+        hosts=config.hosts.keys(),
+        dispatch_hosts=policy.dispatch_hosts(config),
+    )
+    return registry, policy.host_policies(registry)
+
+
 def assemble(
     config: Config,
     *,
@@ -504,13 +511,7 @@ def assemble(
     configuration's ``evaluation_workers`` gives (tests watch it). Raises ConfigError
     naming the path and the reason when a file or directory cannot be used.
     """
-    dispatch_hosts = policy.dispatch_hosts(config)
-    registry = load_registry(
-        config.paths.commands,
-        config.paths.schemas,
-        hosts=config.hosts.keys(),
-        dispatch_hosts=dispatch_hosts,
-    )
+    registry, policies = load(config)
     metrics = Metrics()
     audit = AuditLog(config.audit.path, fsync=config.audit.fsync)
     audit.open()
@@ -530,9 +531,9 @@ def assemble(
         metrics.watch_connections(ssh.connections)
         runner = ssh
     monitor = None
-    if dispatch_hosts:  # docs/dispatcher.md "Drift"
+    if policies:  # docs/dispatcher.md "Drift"
         monitor = PolicyMonitor(runner, metrics)
-        monitor.expect(registry.policies)
+        monitor.expect(policies)
     service = Service(
         registry,
         runner,

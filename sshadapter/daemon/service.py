@@ -26,6 +26,7 @@ import orjson
 
 from sshadapter.config import Allow
 from sshadapter.contract import envelope
+from sshadapter.contract.codes import SYSTEM_TOOL
 from sshadapter.contract.evaluate import Verdict, seal_line
 from sshadapter.contract.registry import Operation, Registry
 from sshadapter.daemon.audit import AuditLog, now_text
@@ -185,8 +186,8 @@ class Service:
         ]
 
     def _system_answer(self, request_id: str, code: str, started: float) -> bytes:
-        self.metrics.observe_call(envelope.SYSTEM_TOOL, "failure", code, time.monotonic() - started)
-        return _line(envelope.failure(envelope.SYSTEM_TOOL, request_id, code))
+        self.metrics.observe_call(SYSTEM_TOOL, "failure", code, time.monotonic() - started)
+        return _line(envelope.failure(SYSTEM_TOOL, request_id, code))
 
     def refuse(self, code: str) -> bytes:
         """An answer the daemon gives without reading a request (a connection over the limit,

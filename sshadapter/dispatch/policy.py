@@ -17,7 +17,8 @@ dispatcher's refusal status, and no two operations of one host that could
 both accept the same command.
 
 This module also holds what the daemon and the dispatcher agree on (the
-refusal status and line, the reserved digest command, the policy format);
+reserved digest command, the policy format; the refusal status and line are
+part of the exit-status contract, contract/exitstatus.py);
 tests/test_dispatch.py checks the dispatcher's copies against these.
 """
 
@@ -31,17 +32,16 @@ from collections.abc import Iterable, Mapping
 from itertools import combinations
 from typing import TYPE_CHECKING, Any, Final
 
+from sshadapter.contract.exitstatus import REFUSED_STATUS
 from sshadapter.contract.schemas import DRAFT_2020_12, SchemaSet
 from sshadapter.dispatch.patterns import translate
 from sshadapter.errors import ConfigError
 
 if TYPE_CHECKING:
     from sshadapter.config import Config
-    from sshadapter.contract.registry import Operation
+    from sshadapter.contract.registry import Operation, Registry
 
 POLICY_FORMAT: Final = "sshadapter-dispatch-policy/1"
-REFUSED_STATUS: Final = 77  # sysexits.h EX_NOPERM; the dispatcher exits with it on refusal
-REFUSAL_PREFIX: Final = b"sshadapter-dispatch: refused"  # its one stderr line starts so
 DIGEST_COMMAND: Final = "#sshadapter-policy-digest"  # shlex.quote never leaves "#" bare
 DISPATCHER_FILE: Final = "dispatcher.py"  # in this package; written out as sshadapter-dispatch
 # jsonschema-rs compares an integer with a float bound through a double: beyond 2**53 the two
@@ -69,6 +69,20 @@ def dispatcher_source() -> bytes:
 def dispatch_hosts(config: Config) -> frozenset[str]:
     """The host aliases marked ``dispatch = true``."""
     return frozenset(alias for alias, host in config.hosts.items() if host.dispatch)
+
+
+def host_policies(registry: Registry) -> dict[str, dict[str, Any]]:
+    """The policy of each dispatch host of ``registry``, or ConfigError naming the first
+    operation a host's dispatcher could not enforce: all or nothing.
+
+    Built by whoever needs them (the daemon's loader, ``sshadapter policy`` and ``check``,
+    the demo), never by the registry itself: an evaluation worker has no use for them.
+    """
+    operations = registry.operations.values()
+    return {
+        alias: host_policy(alias, operations, registry.schemas)
+        for alias in sorted(registry.source.dispatch_hosts)
+    }
 
 
 def host_policy(alias: str, operations: Iterable[Operation], schemas: SchemaSet) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from typing import Any, Final, Protocol
 
 import orjson
 
+from sshadapter.contract.codes import SYSTEM_TOOL
 from sshadapter.mcp.daemon_link import DaemonLink, DaemonUnreachable
 from sshadapter.mcp.protocol import (
     INTERNAL_ERROR,
@@ -52,7 +53,6 @@ from sshadapter.mcp.protocol import (
 )
 from sshadapter.mcp.stdio import END, TOO_LONG, Item, StdinLines, claim_stdout, write_all
 from sshadapter.mcp.tools import (
-    DAEMON_SYSTEM_TOOL,
     INSTRUCTIONS,
     LIST_TTL_MS,
     SERVER_INFO,
@@ -326,7 +326,7 @@ class Bridge:
         ):
             raise DaemonUnreachable("response_invalid")
         # The system answer first: its `tool` is a name an agent may send as well.
-        if answer.get("tool") != DAEMON_SYSTEM_TOOL:
+        if answer.get("tool") != SYSTEM_TOOL:
             if answer.get("tool") == name:
                 return answer
             raise DaemonUnreachable("response_invalid")

@@ -17,22 +17,20 @@ from typing import Any, Final
 import orjson
 
 from sshadapter import __version__
+from sshadapter.contract.codes import CODES, SYSTEM_TOOL, TOOL_NAME_PATTERN
 from sshadapter.mcp.protocol import SERVER_INFO_KEY, Era
 
-# envelope.SYSTEM_TOOL and the failure shape of envelope.failure, written out rather than
-# imported: sshadapter.contract.envelope pulls in the schema libraries, 130 ms and 17 MB at every
-# start of a process each agent session starts. tests/test_mcp_tools.py holds them equal.
-DAEMON_SYSTEM_TOOL: Final = "sshadapter"
-"""The `tool` of the daemon's answer to a request naming no known tool."""
-TOOL_NAME: Final = re.compile(r"[a-z][a-z0-9_]{1,62}")
-"""registry.TOOL_NAME: every name a command file may give a tool (its stem)."""
+# The failure shape of envelope.failure is written out in bridge_envelope rather than
+# imported: sshadapter.contract.envelope pulls in the schema libraries, 130 ms and 17 MB at
+# every start of a process each agent session starts. tests/test_mcp_tools.py holds them
+# equal. The names and codes come from contract.codes, which imports nothing.
+TOOL_NAME: Final = re.compile(TOOL_NAME_PATTERN)
 
 SERVER_INFO: Final = {"name": "sshadapter", "title": "sshadapter", "version": __version__}
 INSTRUCTIONS: Final = (
     "Each tool runs one fixed, operator-reviewed command on one fixed host and answers "
     "with a closed envelope: outcome success with the validated data, or outcome failure "
-    "with error.code (INVALID_REQUEST, DENIED, NOT_FOUND, UPSTREAM_UNAVAILABLE, "
-    "INVALID_RESPONSE, OVERLOADED, INTERNAL) and error.retryable. Retry only when "
+    f"with error.code ({', '.join(CODES)}) and error.retryable. Retry only when "
     "retryable is true."
 )
 BRIDGE_REQUEST_ID_PREFIX: Final = "mcp."
@@ -85,7 +83,7 @@ def can_name_tool(name: str) -> bool:
     Any other name (another case, a look-alike character, empty, ``sshadapter``) is an
     unknown tool whatever the daemon's registry holds; the bridge says so without asking.
     """
-    return TOOL_NAME.fullmatch(name) is not None and name != DAEMON_SYSTEM_TOOL
+    return TOOL_NAME.fullmatch(name) is not None and name != SYSTEM_TOOL
 
 
 def title(name: str) -> str:
