@@ -182,7 +182,7 @@ def _add_socket(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from sshadapter.config import DEFAULT_CONFIG_PATH
-    from sshadapter.daemon.server import run_daemon
+    from sshadapter.daemon.assemble import run_daemon
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # asyncssh logs five INFO lines per command (0.3 ms each call, and journald rate limits):

@@ -43,7 +43,8 @@ from sshadapter.config import (
 )
 from sshadapter.contract.registry import load_registry
 from sshadapter.contract.rfc3339 import format_rfc3339
-from sshadapter.daemon.server import assemble, bind_socket
+from sshadapter.daemon.assemble import assemble
+from sshadapter.daemon.unix_socket import bind_socket
 from sshadapter.dispatch import policy
 
 LOCAL_TIMEOUT_SECONDS: Final = 10.0  # the dispatcher and one of the local commands

@@ -20,11 +20,13 @@ from sshadapter.config import (
     PathsSection,
     ServerSection,
 )
+from sshadapter.daemon.assemble import assemble
 from sshadapter.daemon.audit import FsyncPolicy
 from sshadapter.daemon.drift import PolicyMonitor
 from sshadapter.daemon.offload import Judge
-from sshadapter.daemon.server import Daemon, assemble, bind_socket
+from sshadapter.daemon.server import Daemon
 from sshadapter.daemon.service import Service
+from sshadapter.daemon.unix_socket import bind_socket
 from sshadapter.dispatch import policy
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.runners.scripted import ScriptedRunner

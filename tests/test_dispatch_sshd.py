@@ -47,8 +47,10 @@ from sshadapter.check.fixtures import load_fixtures
 from sshadapter.cli import main as cli_main
 from sshadapter.config import Allow, AuditSection, Config, PathsSection, ServerSection
 from sshadapter.contract.registry import Registry, load_registry
+from sshadapter.daemon.assemble import assemble
 from sshadapter.daemon.drift import PolicyMonitor
-from sshadapter.daemon.server import Daemon, assemble, bind_socket
+from sshadapter.daemon.server import Daemon
+from sshadapter.daemon.unix_socket import bind_socket
 from sshadapter.dispatch import dispatcher, policy
 
 HOSTS = ("ci", "local")

@@ -152,3 +152,35 @@ def test_there_is_no_import_circle() -> None:
         if name not in index:
             visit(name)
     assert circles == []
+
+
+def layout_map() -> set[str]:
+    """The module paths README "Layout" draws, rebuilt from its indentation."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Layout\n", 1)[1].split("```\n", 2)[1]
+    paths: set[str] = set()
+    stack: list[str] = []
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        indent = (len(line) - len(line.lstrip())) // 2
+        first = line.split()[0]
+        if indent == 0:
+            stack = [first.rstrip("/")] if first == "sshadapter/" else []
+            continue
+        if not stack or not (first.endswith("/") or first.endswith(".py")):
+            continue  # a continuation line, or outside the package
+        del stack[indent:]
+        if first.endswith("/"):
+            stack.append(first.rstrip("/"))
+        else:
+            paths.add("/".join([*stack, first]))
+    return paths
+
+
+def test_the_readme_layout_names_every_module() -> None:
+    """The map is the tree: every module listed where it is, and nothing that is not there."""
+    modules = {
+        str(path.relative_to(ROOT)) for path in PACKAGE.rglob("*.py") if path.name != "__init__.py"
+    }
+    assert layout_map() == modules

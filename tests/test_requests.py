@@ -24,8 +24,8 @@ from sshadapter.config import Allow
 from sshadapter.contract import envelope
 from sshadapter.contract.registry import Registry
 from sshadapter.contract.schemas import SchemaSet
+from sshadapter.daemon.assemble import assemble
 from sshadapter.daemon.authorize import Peer
-from sshadapter.daemon.server import assemble
 from sshadapter.errors import UpstreamError
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
@@ -212,7 +212,7 @@ def test_a_declared_not_found_is_no_rejection(tmp_path: Path) -> None:
 
 def test_peer_identity_comes_from_the_kernel(tmp_path: Path) -> None:
     """The daemon reads uid and gid from SO_PEERCRED, whatever the request says."""
-    from sshadapter.daemon.server import peer_of
+    from sshadapter.daemon.unix_socket import peer_of
 
     left, right = socket.socketpair(socket.AF_UNIX)
     with left, right:

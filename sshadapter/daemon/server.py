@@ -12,8 +12,8 @@ written (or its client has gone). Past the deadline the calls still running are
 cancelled: each gets its result record (stage ``shutdown``), and the log names
 them. Then the SSH pools and the audit file are closed.
 
-``assemble`` builds a daemon from a configuration, the one wiring production
-and tests share; tests inject a runner, a clock and a sleep.
+``assemble.assemble`` builds a daemon from a configuration, the one wiring
+production and tests share; ``unix_socket`` binds the socket and names the peer.
 """
 
 from __future__ import annotations
@@ -21,50 +21,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import errno
-import grp
 import logging
 import os
 import select
 import signal
 import socket
-import stat
-import struct
-from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Final
 
-from prometheus_client import start_http_server
-
 from sshadapter import __version__
-from sshadapter.config import Config, load_config
+from sshadapter.config import Config
 from sshadapter.contract.registry import Registry, load_registry
 from sshadapter.daemon import systemd
 from sshadapter.daemon.audit import AuditLog, now_text
-from sshadapter.daemon.authorize import Peer
-from sshadapter.daemon.drift import PolicyMonitor
-from sshadapter.daemon.metrics import Metrics
-from sshadapter.daemon.offload import Judge
-from sshadapter.daemon.private_paths import make_private_dirs
-from sshadapter.daemon.quarantine import Quarantine
-from sshadapter.daemon.service import Service, Sleep
+from sshadapter.daemon.service import Service
+from sshadapter.daemon.unix_socket import SOCKET_BACKLOG, peer_of
 from sshadapter.dispatch import policy
 from sshadapter.errors import ConfigError, UpstreamError
 from sshadapter.runners.interface import Runner
-from sshadapter.runners.ssh.runner import SshRunner
 
 log = logging.getLogger(__name__)
 
-_UCRED: Final = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
-SO_PEERGROUPS: Final = getattr(socket, "SO_PEERGROUPS", 59)  # asm-generic/socket.h; no constant
-_PEERGROUPS_START_BYTES: Final = 64 * 4  # most callers have few groups
-_PEERGROUPS_MAX_BYTES: Final = 65536 * 4  # NGROUPS_MAX
-# Pending connections the kernel queues while the loop is busy: the system's maximum
-# (net.core.somaxconn caps it), not asyncio's default of 100, which refused a burst of
-# 150 agents with EAGAIN.
-SOCKET_BACKLOG: Final = socket.SOMAXCONN
 _SIGNALS: Final = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
 # A large answer is written in slices of this size, each once the last has drained:
 # asyncio (3.11) copies whatever the socket does not take at once into its buffer, which
@@ -79,95 +56,6 @@ class State(enum.Enum):
     SERVING = "serving"
     DRAINING = "draining"
     STOPPED = "stopped"
-
-
-class SocketInUse(ConfigError):
-    """Another live daemon answers on the socket path."""
-
-
-def bind_socket(path: Path, mode: int, group: str) -> socket.socket:
-    """Bind the agent socket safely: replace only a stale socket, never follow a symlink."""
-    key = "server.socket_path"
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise ConfigError(str(path), key, f"cannot inspect: {exc.strerror}") from exc
-    else:
-        if not stat.S_ISSOCK(info.st_mode):
-            raise ConfigError(str(path), key, "exists and is not a socket: refusing to replace it")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(path))
-        except ConnectionRefusedError:
-            path.unlink()  # a socket nobody listens on: left by a daemon that died
-        except OSError as exc:
-            raise ConfigError(str(path), key, f"cannot probe: {exc.strerror or exc}") from exc
-        else:
-            raise SocketInUse(str(path), key, "another daemon is listening")
-        finally:
-            probe.close()
-    make_private_dirs(path.parent, key=key)  # created 0700 if missing; never a symlink
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    old_umask = os.umask(0o177)  # created 0600: no window in which others can connect
-    try:
-        sock.bind(str(path))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(str(path), key, f"cannot bind: {exc.strerror}") from exc
-    finally:
-        os.umask(old_umask)
-    try:
-        if group:
-            try:
-                gid = grp.getgrnam(group).gr_gid
-            except KeyError as exc:
-                raise ConfigError(
-                    str(path), "server.socket_group", f"no group {group!r} to give the socket to"
-                ) from exc
-            try:
-                os.chown(path, -1, gid)
-            except OSError as exc:  # not a member of the group, or chown forbidden by a sandbox
-                raise ConfigError(
-                    str(path),
-                    "server.socket_group",
-                    f"cannot give the socket to group {group!r}: {exc.strerror}",
-                ) from exc
-        os.chmod(path, mode)
-        sock.listen(SOCKET_BACKLOG)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def peer_of(sock: socket.socket) -> Peer:
-    """The connected process, as the kernel saw it at connect time."""
-    pid, uid, gid = _UCRED.unpack(
-        sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    )
-    return Peer(pid, uid, gid, _peer_groups(sock))
-
-
-def _peer_groups(sock: socket.socket) -> frozenset[int]:
-    """Supplementary groups from the kernel (SO_PEERGROUPS, Linux 4.13), as of connect time.
-
-    Not /proc/PID/status: that races with pid reuse, and systemd's
-    ProtectProc=invisible hides other users' processes from the daemon.
-    """
-    size = _PEERGROUPS_START_BYTES
-    while size <= _PEERGROUPS_MAX_BYTES:
-        try:
-            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, size)
-        except OSError as exc:
-            if exc.errno == errno.ERANGE:  # more groups than fit: ask with room for them
-                size *= 4
-                continue
-            log.warning("SO_PEERGROUPS failed (%s): only the primary group counts", exc.strerror)
-            return frozenset()
-        return frozenset(struct.unpack(f"{len(raw) // 4}I", raw))
-    return frozenset()
 
 
 @dataclass(eq=False)
@@ -473,17 +361,6 @@ async def _close(writer: asyncio.StreamWriter) -> None:
         await writer.wait_closed()
 
 
-def open_listening_socket(config: Config) -> tuple[socket.socket, bool]:
-    """The socket systemd passed (socket activation), else one bound here; True if bound here."""
-    passed = systemd.listen_fds()
-    if passed:
-        return passed[0], False
-    sock = bind_socket(
-        config.server.socket_path, int(config.server.socket_mode, 8), config.server.socket_group
-    )
-    return sock, True
-
-
 def load(config: Config) -> tuple[Registry, dict[str, dict[str, Any]]]:
     """The configuration's registry and each dispatch host's policy, or ConfigError: all
     or nothing, at start and at every reload."""
@@ -494,91 +371,3 @@ def load(config: Config) -> tuple[Registry, dict[str, dict[str, Any]]]:
         dispatch_hosts=policy.dispatch_hosts(config),
     )
     return registry, policy.host_policies(registry)
-
-
-def assemble(
-    config: Config,
-    *,
-    runner: Runner | None = None,
-    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-    sleep: Sleep = asyncio.sleep,
-    judge: Judge | None = None,
-) -> Daemon:
-    """Everything a daemon is made of, from one configuration: serve, demo and tests use it.
-
-    ``runner`` replaces the SSH runner (tests); ``clock`` and ``sleep`` are the time the
-    freshness checks and the retry backoff see; ``judge`` replaces the one the
-    configuration's ``evaluation_workers`` gives (tests watch it). Raises ConfigError
-    naming the path and the reason when a file or directory cannot be used.
-    """
-    registry, policies = load(config)
-    metrics = Metrics()
-    audit = AuditLog(config.audit.path, fsync=config.audit.fsync)
-    audit.open()
-    try:
-        quarantine = Quarantine(config.audit.quarantine_dir, config.audit.quarantine_max_bytes)
-        quarantine.open()
-    except BaseException:
-        audit.close()
-        raise
-    if runner is None:
-        ssh = SshRunner(
-            config.hosts,
-            on_connect_failure=lambda host, reason: metrics.connect_failures.labels(
-                host, reason
-            ).inc(),
-        )
-        metrics.watch_connections(ssh.connections)
-        runner = ssh
-    monitor = None
-    if policies:  # docs/dispatcher.md "Drift"
-        monitor = PolicyMonitor(runner, metrics)
-        monitor.expect(policies)
-    service = Service(
-        registry,
-        runner,
-        audit,
-        default_allow=config.server.allow,
-        max_request_bytes=config.server.max_request_bytes,
-        max_concurrent_calls=config.server.max_concurrent_calls,
-        max_queue=config.server.max_queue,
-        metrics=metrics,
-        quarantine=quarantine,
-        clock=clock,
-        sleep=sleep,
-        judge=judge or Judge(config.server.evaluation_workers),
-        dispatch=monitor,
-    )
-    return Daemon(config, service, runner, audit)
-
-
-async def run_daemon(config_path: Path | None) -> int:
-    """`sshadapter serve`: load everything, bind, serve until told to stop."""
-    config, _ = load_config(config_path)
-    daemon = assemble(config)
-    if (metrics := config.metrics.address) is not None:  # its form checked by load_config
-        host, port = metrics
-        try:
-            start_http_server(port, addr=host, registry=daemon.service.metrics.registry)
-        except OSError as exc:
-            daemon.audit.close()
-            reason = f"cannot listen on {config.metrics.listen}: {exc.strerror or exc}"
-            file = str(config_path or "<defaults>")
-            raise ConfigError(file, "metrics.listen", reason) from exc
-    sock, bound_here = open_listening_socket(config)
-    inode = os.lstat(config.server.socket_path).st_ino if bound_here else None
-    try:
-        await daemon.serve(sock)
-    finally:
-        sock.close()
-        if bound_here:
-            _unlink_if_ours(config.server.socket_path, inode)
-    return 0
-
-
-def _unlink_if_ours(path: Path, inode: int | None) -> None:
-    """Remove our socket file, but not one a newer daemon has bound since."""
-    with contextlib.suppress(OSError):
-        info = os.lstat(path)
-        if stat.S_ISSOCK(info.st_mode) and info.st_ino == inode:
-            path.unlink()

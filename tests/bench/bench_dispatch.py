@@ -59,7 +59,9 @@ from sshd import generate_key, host_directory, running_sshd  # noqa: E402
 
 from sshadapter.config import Allow, AuditSection, Config, PathsSection, ServerSection  # noqa: E402
 from sshadapter.contract.registry import load_registry  # noqa: E402
-from sshadapter.daemon.server import Daemon, assemble, bind_socket  # noqa: E402
+from sshadapter.daemon.assemble import assemble  # noqa: E402
+from sshadapter.daemon.server import Daemon  # noqa: E402
+from sshadapter.daemon.unix_socket import bind_socket  # noqa: E402
 from sshadapter.dispatch import policy  # noqa: E402
 
 COMMAND = "cat /proc/loadavg"

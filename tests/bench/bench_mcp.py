@@ -55,8 +55,9 @@ def serve_scripted(workdir: Path) -> None:
     from sshadapter.config import Allow, AuditSection, Config, PathsSection, ServerSection
     from sshadapter.contract.registry import load_registry
     from sshadapter.daemon.audit import AuditLog
-    from sshadapter.daemon.server import Daemon, bind_socket
+    from sshadapter.daemon.server import Daemon
     from sshadapter.daemon.service import Service
+    from sshadapter.daemon.unix_socket import bind_socket
     from sshadapter.runners.interface import RunResult
     from sshadapter.runners.scripted import ScriptedRunner
 
