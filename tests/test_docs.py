@@ -5,7 +5,7 @@ Convention (docs/command-files.md "How to read the tables"): a key, a metric or 
 config section is documented by a row of a Markdown table whose first column is
 headed `key` (or `metric`), its name in backticks in the first cell; `*` stands
 for a name the operator chooses. The lists are derived from the code (the
-pydantic models, registry.PARAM_KEYWORDS, the finite lists of errors.py, the
+pydantic models, params.PARAM_KEYWORDS, the finite lists of errors.py, the
 metrics registry), so a key added to a model fails here until it is documented.
 """
 
@@ -29,7 +29,7 @@ from sshadapter.check.fixtures import _CASE_KEYS, _EXPECT_KEYS
 from sshadapter.config import ConfigFile
 from sshadapter.contract import codes
 from sshadapter.contract.commandfile import CommandFile
-from sshadapter.contract.registry import PARAM_KEYWORDS
+from sshadapter.contract.params import PARAM_KEYWORDS
 from sshadapter.contract.schemas import REFERENCE_FORMATS
 from sshadapter.daemon import offload
 from sshadapter.daemon.metrics import CLIENT_DROP_REASONS, Metrics

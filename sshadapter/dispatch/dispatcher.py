@@ -429,7 +429,7 @@ def _fill(template: list[Any], argv: list[str]) -> dict[str, str] | None:
     return values
 
 
-# The parameter schemas: the keywords a parameter may use (sshadapter/contract/registry.py
+# The parameter schemas: the keywords a parameter may use (sshadapter/contract/params.py
 # PARAM_KEYWORDS), with JSON Schema's meaning. A value arrives as the text the daemon
 # rendered (sshadapter/contract/argv.py render): a string as itself, an integer in decimal, a
 # boolean as true/false. Text that the daemon would not have rendered is refused.
