@@ -24,7 +24,7 @@ from sshadapter.errors import ConfigError
 
 if TYPE_CHECKING:
     from sshadapter.config import Config
-    from sshadapter.registry import Registry
+    from sshadapter.contract.registry import Registry
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -182,7 +182,7 @@ def _add_socket(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from sshadapter.config import DEFAULT_CONFIG_PATH
-    from sshadapter.daemon import run_daemon
+    from sshadapter.daemon.assemble import run_daemon
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # asyncssh logs five INFO lines per command (0.3 ms each call, and journald rate limits):
@@ -202,9 +202,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_mcp(args: argparse.Namespace) -> int:
-    from sshadapter.mcp import run_bridge
+    from sshadapter.mcp.bridge import run_bridge
 
-    # stderr only: stdout carries nothing but protocol lines (sshadapter.mcp_stdio).
+    # stderr only: stdout carries nothing but protocol lines (sshadapter.mcp.stdio).
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format="sshadapter mcp: %(levelname)s %(message)s"
     )
@@ -212,8 +212,8 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit_verify(args: argparse.Namespace) -> int:
-    from sshadapter.audit_verify import UnreadableTrail, trail, verify
     from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
+    from sshadapter.daemon.audit_verify import UnreadableTrail, trail, verify
 
     paths = args.paths
     if not paths:
@@ -258,19 +258,21 @@ def _print_response(message: dict[str, object], socket_path: Path, ok: Any) -> i
 
 
 def _load(args: argparse.Namespace) -> tuple[Config, Registry]:
-    return _load_with_path(args)[1:]
+    _, config, registry, _ = _load_with_path(args)
+    return config, registry
 
 
 def _load_with_path(
     args: argparse.Namespace, *, also_dispatch: str = ""
-) -> tuple[Path | None, Config, Registry]:
-    """The configuration file used (None: built-in defaults), it, and its registry.
+) -> tuple[Path | None, Config, Registry, dict[str, dict[str, Any]]]:
+    """The configuration file used (None: built-in defaults), it, its registry, and the
+    policy of each dispatch host: what `serve` would load, and refuse, from the same files.
 
     ``also_dispatch``: a host alias whose policy is wanted before it is marked `dispatch`.
     """
-    from sshadapter import policy
     from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
-    from sshadapter.registry import load_registry
+    from sshadapter.contract.registry import load_registry
+    from sshadapter.dispatch import policy
 
     path = args.config
     if path is None and DEFAULT_CONFIG_PATH.is_file():
@@ -284,18 +286,18 @@ def _load_with_path(
     registry = load_registry(
         config.paths.commands, config.paths.schemas, hosts=hosts, dispatch_hosts=dispatch_hosts
     )
-    return path, config, registry
+    return path, config, registry, policy.host_policies(registry)
 
 
 def _load_for_check(args: argparse.Namespace) -> tuple[Path | None, Registry]:
-    path, _, registry = _load_with_path(args)
+    path, _, registry, _ = _load_with_path(args)
     return path, registry
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from sshadapter.check import check_registry, format_table, warnings
+    from sshadapter.check.report import check_registry, format_table, warnings
 
-    config_path, config, registry = _load_with_path(args)
+    config_path, config, registry, policies = _load_with_path(args)
     rows = check_registry(registry)
     for warning in warnings(registry):  # not a miss: the exit status stays the table's
         print(f"sshadapter: warning: {warning}", file=sys.stderr)
@@ -307,9 +309,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
         )
     hosts = []
     if args.hosts:  # the one part of `check` that talks to hosts (docs/dispatcher.md)
-        from sshadapter.drift import check_hosts, format_hosts
+        from sshadapter.daemon.drift import check_hosts, format_hosts
 
-        hosts = asyncio.run(check_hosts(config, registry))
+        hosts = asyncio.run(check_hosts(config, policies))
     if args.json:
         report = [r.as_json() for r in rows] + [h.as_json() for h in hosts]
         sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
@@ -322,15 +324,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 def _cmd_policy(args: argparse.Namespace) -> int:
     """Every operation of one host alias as its dispatcher enforces it (docs/dispatcher.md)."""
-    _, _, registry = _load_with_path(args, also_dispatch=args.host)
-    document = registry.policies[args.host]
+    _, _, _, policies = _load_with_path(args, also_dispatch=args.host)
+    document = policies[args.host]
     sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
     return EXIT_OK
 
 
 def _cmd_dispatcher(args: argparse.Namespace) -> int:
     """Write the host's dispatcher (one stdlib-only file) to PATH, mode 0755."""
-    from sshadapter import policy
+    from sshadapter.dispatch import policy
 
     source = policy.dispatcher_source()
     path: Path = args.write

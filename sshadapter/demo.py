@@ -33,7 +33,6 @@ from typing import Any, Final
 import asyncssh
 import orjson
 
-from sshadapter import policy
 from sshadapter.config import (
     Allow,
     AuditSection,
@@ -42,9 +41,11 @@ from sshadapter.config import (
     PathsSection,
     ServerSection,
 )
-from sshadapter.daemon import assemble, bind_socket
-from sshadapter.registry import load_registry
-from sshadapter.rfc3339 import format_rfc3339
+from sshadapter.contract.registry import load_registry
+from sshadapter.contract.rfc3339 import format_rfc3339
+from sshadapter.daemon.assemble import assemble
+from sshadapter.daemon.unix_socket import bind_socket
+from sshadapter.dispatch import policy
 
 LOCAL_TIMEOUT_SECONDS: Final = 10.0  # the dispatcher and one of the local commands
 
@@ -278,7 +279,9 @@ async def run_demo(out: Callable[[str], None] = print) -> int:
         registry = load_registry(
             commands, root / "schemas", hosts=hosts.keys(), dispatch_hosts=("local",)
         )
-        dispatch_host.policy_file.write_bytes(policy.canonical_json(registry.policies["local"]))
+        dispatch_host.policy_file.write_bytes(
+            policy.canonical_json(policy.host_policies(registry)["local"])
+        )
         daemon = assemble(config)
         service = daemon.service
         sock = bind_socket(config.server.socket_path, 0o600, "")

@@ -12,7 +12,6 @@ from typing import Any
 
 import orjson
 
-from sshadapter.audit import FsyncPolicy
 from sshadapter.config import (
     Allow,
     AuditSection,
@@ -21,12 +20,16 @@ from sshadapter.config import (
     PathsSection,
     ServerSection,
 )
-from sshadapter.daemon import Daemon, assemble, bind_socket
-from sshadapter.drift import PolicyMonitor
-from sshadapter.offload import Judge
+from sshadapter.daemon.assemble import assemble
+from sshadapter.daemon.audit import FsyncPolicy
+from sshadapter.daemon.drift import PolicyMonitor
+from sshadapter.daemon.offload import Judge
+from sshadapter.daemon.server import Daemon
+from sshadapter.daemon.service import Service
+from sshadapter.daemon.unix_socket import bind_socket
+from sshadapter.dispatch import policy
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.runners.scripted import ScriptedRunner
-from sshadapter.service import Service
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = datetime(2026, 11, 30, 4, 12, tzinfo=UTC)
@@ -144,7 +147,7 @@ def with_daemon(
         daemon = assemble(config, runner=use, clock=lambda: NOW, judge=judge)
         if dispatch_clock is not None:  # the monitor assemble made, with the test's clock
             monitor = PolicyMonitor(daemon.runner, daemon.service.metrics, clock=dispatch_clock)
-            monitor.expect(daemon.service.registry.policies)
+            monitor.expect(policy.host_policies(daemon.service.registry))
             daemon.service.dispatch = monitor
         sock = bind_socket(socket_path, socket_mode, "")
         task = asyncio.create_task(daemon.serve(sock))

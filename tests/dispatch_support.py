@@ -20,11 +20,11 @@ from typing import Any
 from hypothesis import strategies as st
 from sshd import default_signals, policy_owner_args
 
-from sshadapter import dispatcher, policy
-from sshadapter.registry import Operation, Registry, load_registry
+from sshadapter.contract.registry import Operation, Registry, load_registry
+from sshadapter.dispatch import dispatcher, policy
 
 ROOT = Path(__file__).resolve().parents[1]
-DISPATCHER_SOURCE = ROOT / "sshadapter" / policy.DISPATCHER_FILE
+DISPATCHER_SOURCE = ROOT / "sshadapter" / "dispatch" / policy.DISPATCHER_FILE
 HOSTS = ("ci", "local")
 
 
@@ -36,7 +36,7 @@ def shipped_registry(dispatch_hosts: tuple[str, ...] = HOSTS) -> Registry:
 
 
 def policy_for(registry: Registry, op: Operation) -> dict[str, Any]:
-    return dict(registry.policies[op.spec.host])
+    return dict(policy.host_policies(registry)[op.spec.host])
 
 
 def write_policy(path: Path, document: Mapping[str, Any]) -> Path:

@@ -20,10 +20,10 @@ import orjson
 import pytest
 from daemon_harness import JOB_COMMAND, JOB_OUT, Running, shipped_commands, with_daemon
 
-from sshadapter.audit import GENESIS, AuditLog
-from sshadapter.audit_verify import verify
+from sshadapter.daemon.audit import GENESIS, AuditLog
+from sshadapter.daemon.audit_verify import verify
+from sshadapter.daemon.quarantine import Quarantine
 from sshadapter.errors import AuditError, ConfigError
-from sshadapter.quarantine import Quarantine
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 
@@ -238,7 +238,7 @@ def test_no_key_path_in_audit_quarantine_or_logs(
 ) -> None:
     """A private key path from the config appears in no record, quarantine file or log line."""
     from sshadapter.config import HostSection
-    from sshadapter.runners.ssh import SshRunner
+    from sshadapter.runners.ssh.runner import SshRunner
 
     secret = tmp_path / "keys" / "SECRET-ci-key-do-not-leak"
     host = HostSection(
@@ -537,7 +537,7 @@ def test_rotation_under_concurrent_calls_fails_no_call(tmp_path: Path, sighup: b
 ROTATING_WRITER = r"""
 import asyncio, sys
 from pathlib import Path
-from sshadapter.audit import AuditLog
+from sshadapter.daemon.audit import AuditLog
 
 async def main(path):
     log = AuditLog(path, fsync="always")

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sshadapter.checks import Checks, Fresh, run_checks
+from sshadapter.contract.rfc3339 import format_rfc3339, parse_rfc3339
+from sshadapter.contract.semantic import Checks, Fresh, run_checks
 from sshadapter.errors import EvidenceError
-from sshadapter.rfc3339 import format_rfc3339, parse_rfc3339
 
 NOW = datetime(2026, 11, 30, 4, 12, tzinfo=UTC)
 CHECKS = Checks(

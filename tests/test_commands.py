@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sshadapter.argv import MAX_COMMAND_BYTES
+from sshadapter.contract.argv import MAX_COMMAND_BYTES
+from sshadapter.contract.registry import Operation, Registry, load_registry
+from sshadapter.contract.schemas import DRAFT_2020_12
 from sshadapter.errors import ConfigError, RequestError
-from sshadapter.registry import Operation, Registry, load_registry
-from sshadapter.schemas import DRAFT_2020_12
 
 HOSTS = ("ci",)
 

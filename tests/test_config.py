@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from sshadapter.config import Config, load_config
+from sshadapter.contract.registry import load_registry
 from sshadapter.errors import ConfigError
-from sshadapter.registry import load_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "config.example.toml"

@@ -13,7 +13,7 @@ import pytest
 from daemon_harness import JOB_COMMAND, JOB_OUT, ROOT, Running, shipped_commands, with_daemon
 
 from sshadapter.config import Allow
-from sshadapter.daemon import bind_socket
+from sshadapter.daemon.unix_socket import bind_socket
 from sshadapter.errors import ConfigError
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner

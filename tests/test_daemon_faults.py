@@ -28,11 +28,11 @@ from daemon_harness import Running, with_daemon
 from sshd import FaultServer, running_fault_server, write_known_hosts
 from test_crash import start_daemon
 
-from sshadapter import offload, systemd
 from sshadapter.config import HostSection
-from sshadapter.daemon import CUT_GRACE_SECONDS
-from sshadapter.offload import MAX_POOL_FAILURES, WORKER_EXIT_GRACE_SECONDS, Judge, Judged
-from sshadapter.runners.ssh import SshRunner
+from sshadapter.daemon import offload, systemd
+from sshadapter.daemon.offload import MAX_POOL_FAILURES, WORKER_EXIT_GRACE_SECONDS, Judge, Judged
+from sshadapter.daemon.server import CUT_GRACE_SECONDS
+from sshadapter.runners.ssh.runner import SshRunner
 
 TOOL = "fault_probe"  # host alias `faults`: the host whose faults each test provokes
 HEALTHY_TOOL = "healthy_probe"  # the same contract on alias `healthy`: always the good section

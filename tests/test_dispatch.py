@@ -1,6 +1,6 @@
 """sshadapter-dispatch and its policy, without sshd: parsing, matching, refusals, the generator.
 
-The dispatcher (sshadapter/dispatcher.py) is imported here as a module for the
+The dispatcher (sshadapter/dispatch/dispatcher.py) is imported here as a module for the
 property tests and run as a file, as sshd runs it, for everything that
 touches the process (environment, stdin, signals, exit status, the log).
 tests/test_dispatch_sshd.py does the same through a real sshd.
@@ -42,15 +42,17 @@ from hypothesis import strategies as st
 from sshd import host_directory, policy_owner_args
 from test_schema_agreement import HOT_DATE_TIME, date_time_like
 
-from sshadapter import argv as argv_module
-from sshadapter import dispatcher, policy
+from sshadapter.check.fixtures import load_fixtures
 from sshadapter.cli import main as cli_main
+from sshadapter.contract import argv as argv_module
+from sshadapter.contract import exitstatus
+from sshadapter.contract.registry import Registry, load_registry
+from sshadapter.dispatch import dispatcher, policy
+from sshadapter.dispatch.patterns import translate
 from sshadapter.errors import ConfigError
-from sshadapter.fixtures import load_fixtures
-from sshadapter.policy_patterns import translate
-from sshadapter.registry import Registry, load_registry
 
 REGISTRY = shipped_registry()
+POLICIES = policy.host_policies(REGISTRY)
 OPERATIONS = sorted(REGISTRY.operations.values(), key=lambda op: op.name)
 # The owner the dispatcher trusts here besides root (the tests' own uid when not root).
 OWNER = os.geteuid()
@@ -81,8 +83,8 @@ def sealed(body: dict[str, Any]) -> dict[str, Any]:
 
 def test_the_protocol_constants_are_the_same_on_both_sides() -> None:
     """Refusal status and line, digest command and format: one value each, on both ends."""
-    assert dispatcher.REFUSED_STATUS == policy.REFUSED_STATUS == 77
-    assert dispatcher.REFUSAL_PREFIX.encode() == policy.REFUSAL_PREFIX
+    assert dispatcher.REFUSED_STATUS == exitstatus.REFUSED_STATUS == 77
+    assert dispatcher.REFUSAL_PREFIX.encode() == exitstatus.REFUSAL_PREFIX
     assert dispatcher.DIGEST_COMMAND == policy.DIGEST_COMMAND
     assert dispatcher.POLICY_FORMAT == policy.POLICY_FORMAT
     daemon_limit = getattr(argv_module, "MAX_COMMAND_BYTES", 64 * 1024)
@@ -255,7 +257,9 @@ def synthetic_registry(tmp_path: Path, text: str = SYNTHETIC, **more: str) -> Re
     (commands / "synthetic.toml").write_text(text)
     for name, body in more.items():
         (commands / f"{name}.toml").write_text(body)
-    return load_registry(commands, ROOT / "schemas", hosts=("h",), dispatch_hosts=("h",))
+    registry = load_registry(commands, ROOT / "schemas", hosts=("h",), dispatch_hosts=("h",))
+    policy.host_policies(registry)  # where a dispatch host's operations are refused
+    return registry
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +285,7 @@ def test_any_text_in_any_element_shape_gives_back_the_daemons_argv(
     """Prefixes, suffixes, literal braces, a parameter used twice, integers, booleans, any text."""
     op = synthetic.operations["synthetic"]
     op.check_args(args)
-    name, argv = dispatcher.decide(op.command(args).encode(), synthetic.policies["h"])
+    name, argv = dispatcher.decide(op.command(args).encode(), policy.host_policies(synthetic)["h"])
     assert (name, argv) == ("synthetic", op.argv.argv(args))
 
 
@@ -315,7 +319,7 @@ def test_a_value_the_daemon_would_not_have_written_is_refused(
     if element == 1:
         argv[6] = value.removeprefix("--project=")
     command = " ".join(shlex.quote(e) for e in argv)
-    assert refusal(synthetic.policies["h"], command.encode()) == reason
+    assert refusal(policy.host_policies(synthetic)["h"], command.encode()) == reason
 
 
 @settings(max_examples=2000)
@@ -334,7 +338,7 @@ def test_a_date_time_parameter_is_checked_on_the_host(tmp_path: Path) -> None:
     )
     registry = synthetic_registry(tmp_path, text)
     op = registry.operations["synthetic"]
-    doc = registry.policies["h"]
+    doc = policy.host_policies(registry)["h"]
     assert doc["operations"]["synthetic"]["params"]["project"]["format"] == "date-time"
     base = {"text": "t", "count": 5, "flag": True}
     good = {**base, "project": "2024-12-31T23:59:60Z"}  # a leap second where one can be
@@ -350,7 +354,7 @@ def test_a_date_time_parameter_is_checked_on_the_host(tmp_path: Path) -> None:
 
 def test_the_commands_refused_before_any_matching() -> None:
     """No command, an over-long one, non-UTF-8 bytes: each refused with its own reason."""
-    local = REGISTRY.policies["local"]
+    local = POLICIES["local"]
     assert refusal(local, None) == "no_command"
     assert refusal(local, b"") == "no_command"
     df = " ".join(REGISTRY.operations["disk_usage"].argv.argv({"path": "/"})[:-1]).encode()
@@ -358,7 +362,7 @@ def test_the_commands_refused_before_any_matching() -> None:
     assert refusal(local, df + b" /\xff") == "not_utf8"
     assert refusal(local, b"cat /etc/shadow") == "no_match"
     assert refusal(local, df + b" ../etc") == "bad_argument"
-    assert refusal(REGISTRY.policies["ci"], b"cat /proc/loadavg") == "no_match"  # other host
+    assert refusal(POLICIES["ci"], b"cat /proc/loadavg") == "no_match"  # other host
 
 
 def test_a_command_two_operations_accept_is_refused_as_ambiguous() -> None:
@@ -373,7 +377,7 @@ def test_a_command_two_operations_accept_is_refused_as_ambiguous() -> None:
 
 def test_a_policy_edited_by_hand_or_cut_short_is_refused(tmp_path: Path) -> None:
     """A changed byte breaks the digest; a bad key, type or keyword is not guessed at."""
-    good = dict(REGISTRY.policies["local"])
+    good = dict(POLICIES["local"])
     path = write_policy(tmp_path / "p.json", good)
     assert dispatcher.read_policy(str(path), OWNER) == good
     loosened = json.loads(json.dumps(good))
@@ -430,7 +434,7 @@ def _refused_with(path: Path | str, reason: str, *, log: Path, owner: str | None
 def test_a_policy_anyone_but_root_could_change_is_refused(tmp_path: Path) -> None:
     """StrictModes for the policy: a write bit for group or others, on the file or any
     directory above it, a symbolic link, or a relative path: policy_unsafe, logged by path."""
-    good = write_policy(tmp_path / "policy.json", REGISTRY.policies["local"])
+    good = write_policy(tmp_path / "policy.json", POLICIES["local"])
     assert run_dispatcher(good, "cat /proc/loadavg").returncode == 0
     log = tmp_path / "log"
 
@@ -447,7 +451,7 @@ def test_a_policy_anyone_but_root_could_change_is_refused(tmp_path: Path) -> Non
     nested = tmp_path / "a" / "b"
     nested.mkdir(parents=True)
     (tmp_path / "a").chmod(0o777)
-    inner = write_policy(nested / "policy.json", REGISTRY.policies["local"])
+    inner = write_policy(nested / "policy.json", POLICIES["local"])
     assert f'path="{tmp_path / "a"}"' in _refused_with(inner, "policy_unsafe", log=log)
     (tmp_path / "a").chmod(0o755)
     assert run_dispatcher(inner, "cat /proc/loadavg").returncode == 0
@@ -465,7 +469,7 @@ def test_a_policy_anyone_but_root_could_change_is_refused(tmp_path: Path) -> Non
     ):
         _refused_with(odd, "policy_unsafe", log=log)  # as written in the forced command
     if os.geteuid() == 0:  # pytest's own directories are under /tmp, which is 1777
-        under_tmp = write_policy(Path(tempfile.mkdtemp()) / "p.json", REGISTRY.policies["local"])
+        under_tmp = write_policy(Path(tempfile.mkdtemp()) / "p.json", POLICIES["local"])
         try:
             assert '"/tmp"' in _refused_with(under_tmp, "policy_unsafe", log=log)
         finally:
@@ -477,7 +481,7 @@ def test_a_policy_owned_by_another_account_is_refused(tmp_path: Path) -> None:
     """Owned by the login account (or anyone but root): refused, the file or a directory;
     --policy-owner in the forced command (root's) names one more owner, for tests."""
     log = tmp_path / "log"
-    policy_file = write_policy(tmp_path / "policy.json", REGISTRY.policies["local"])
+    policy_file = write_policy(tmp_path / "policy.json", POLICIES["local"])
     os.chown(policy_file, NOBODY, NOBODY)
     _refused_with(policy_file, "policy_unsafe", log=log)
     assert run_dispatcher(policy_file, "cat /proc/loadavg").returncode == 77
@@ -603,7 +607,7 @@ def in_process(monkeypatch: pytest.MonkeyPatch, capsysbinary: pytest.CaptureFixt
 
 def test_main_refuses_answers_and_logs_in_process(in_process: Any, tmp_path: Path) -> None:
     """main() for each way a command ends without running anything, and the digest answer."""
-    path = str(write_policy(tmp_path / "p.json", REGISTRY.policies["local"]))
+    path = str(write_policy(tmp_path / "p.json", POLICIES["local"]))
     log = tmp_path / "log"
     with syslog_listener(log) as listener:
         for command, reason in ((None, "no_command"), ("cat /etc/shadow", "no_match")):
@@ -611,7 +615,7 @@ def test_main_refuses_answers_and_logs_in_process(in_process: Any, tmp_path: Pat
             assert (status, out) == (dispatcher.REFUSED_STATUS, b"")
             assert REFUSAL.fullmatch(err.decode())["reason"] == reason  # type: ignore[index]
         status, out, err = in_process(policy.DIGEST_COMMAND, path)
-        assert status == 0 and json.loads(out)["digest"] == REGISTRY.policies["local"]["digest"]
+        assert status == 0 and json.loads(out)["digest"] == POLICIES["local"]["digest"]
         status, _, err = in_process("cat /proc/loadavg")
         assert status == dispatcher.REFUSED_STATUS and b"(bad_invocation)" in err
         lines = read_log(listener)
@@ -632,7 +636,7 @@ def test_main_cuts_a_decision_over_its_cpu_budget(in_process: Any, tmp_path: Pat
 
 @pytest.fixture
 def local_policy(tmp_path: Path) -> Path:
-    return write_policy(tmp_path / "policy.json", REGISTRY.policies["local"])
+    return write_policy(tmp_path / "policy.json", POLICIES["local"])
 
 
 @contextmanager
@@ -711,7 +715,7 @@ def test_the_digest_command_is_answered_from_the_policy(local_policy: Path) -> N
     done = run_dispatcher(local_policy, policy.DIGEST_COMMAND)
     assert done.returncode == 0
     answer = json.loads(done.stdout)
-    expected = REGISTRY.policies["local"]
+    expected = POLICIES["local"]
     assert answer["digest"] == expected["digest"]
     assert answer["operations"] == policy.operation_digests(expected)
     assert answer["host"] == "local" and answer["format"] == policy.POLICY_FORMAT
@@ -818,7 +822,7 @@ def test_the_dispatcher_runs_on_each_python_here(python: str, local_policy: Path
     refused = run_dispatcher(local_policy, "cat /etc/shadow", python=python)
     assert refused.returncode == 77 and b"(no_match)" in refused.stderr
     answer = run_dispatcher(local_policy, policy.DIGEST_COMMAND, python=python)
-    assert json.loads(answer.stdout)["digest"] == REGISTRY.policies["local"]["digest"]
+    assert json.loads(answer.stdout)["digest"] == POLICIES["local"]["digest"]
 
 
 def _vermin(path: Path) -> subprocess.CompletedProcess[str]:
@@ -931,15 +935,19 @@ def test_two_operations_one_command_could_match_do_not_load(tmp_path: Path) -> N
     (commands / "one.toml").write_text(one)
     (commands / "two.toml").write_text(two)
     with pytest.raises(ConfigError) as info:
-        load_registry(commands, ROOT / "schemas", hosts=("h",), dispatch_hosts=("h",))
+        policy.host_policies(
+            load_registry(commands, ROOT / "schemas", hosts=("h",), dispatch_hosts=("h",))
+        )
     assert "one and two could both match" in info.value.reason
     (commands / "two.toml").write_text(two.replace("^/proc/[a-z]+$", "^/sys/[a-z]+$"))
-    load_registry(commands, ROOT / "schemas", hosts=("h",), dispatch_hosts=("h",))
+    policy.host_policies(
+        load_registry(commands, ROOT / "schemas", hosts=("h",), dispatch_hosts=("h",))
+    )
 
 
 def test_the_policy_holds_templates_and_parameters_and_nothing_else() -> None:
     """Per operation argv and params; no output schema, no other host, no version or secret."""
-    ci = REGISTRY.policies["ci"]
+    ci = POLICIES["ci"]
     assert set(ci) == {"format", "host", "operations", "digest"}
     assert sorted(ci["operations"]) == ["deploy_status", "job_run_status", "review_status"]
     for entry in ci["operations"].values():
@@ -988,7 +996,7 @@ def test_sshadapter_policy_prints_one_hosts_policy(
     for alias in ("ci", "local"):  # local is not marked yet: the policy comes first
         assert cli_main(["policy", alias, "--config", str(config)]) == 0
         printed = json.loads(capsysbinary.readouterr().out)
-        assert printed == REGISTRY.policies[alias]
+        assert printed == POLICIES[alias]
     assert cli_main(["policy", "web1", "--config", str(config)]) == 2
 
 

@@ -19,19 +19,20 @@ import orjson
 from daemon_harness import JOB_COMMAND, JOB_OUT, Running, with_daemon
 from dispatch_support import ROOT, open_commands, policy_without, shipped_registry
 
-from sshadapter import dispatcher, policy
-from sshadapter.drift import RECHECK_AFTER_REFUSAL_SECONDS, PolicyMonitor, compare
+from sshadapter.contract.evaluate import evaluate
+from sshadapter.contract.exitstatus import REFUSED_STATUS
+from sshadapter.daemon.drift import RECHECK_AFTER_REFUSAL_SECONDS, PolicyMonitor, compare
+from sshadapter.dispatch import dispatcher, policy
 from sshadapter.errors import UpstreamError
-from sshadapter.evaluate import evaluate
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 
 REGISTRY = shipped_registry(("ci",))
-CI_POLICY = REGISTRY.policies["ci"]
+CI_POLICY = policy.host_policies(REGISTRY)["ci"]
 REVIEW_COMMAND = "review-cli status --json --change CR-1042"
 REVIEW_OUT = (ROOT / "commands/review_status.fixtures/approved.stdout").read_bytes()
 REFUSAL_LINE = b"sshadapter-dispatch: refused (bad_argument) sha256:" + b"0" * 64 + b"\n"
-REFUSED = RunResult(b"", REFUSAL_LINE, policy.REFUSED_STATUS)
+REFUSED = RunResult(b"", REFUSAL_LINE, REFUSED_STATUS)
 
 
 def answer(document: Mapping[str, Any]) -> RunResult:

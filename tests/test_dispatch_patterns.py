@@ -1,7 +1,7 @@
 """Parameter patterns rewritten for the dispatcher mean what jsonschema-rs makes of them.
 
 The daemon judges ``pattern`` with jsonschema-rs (ECMA-262 onto Rust's regex);
-the host's dispatcher with Python's ``re`` on ``policy_patterns.translate``'s
+the host's dispatcher with Python's ``re`` on ``dispatch.patterns.translate``'s
 rewrite. A value the daemon refuses must never pass on the host, so the two
 are compared here on the shipped patterns, on the traps that tell the engines
 apart, and on random patterns and strings of the supported subset, against
@@ -22,7 +22,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from sshadapter.policy_patterns import MAX_REPEAT, translate
+from sshadapter.dispatch.patterns import MAX_REPEAT, translate
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES: dict[str, dict[str, Any]] = {

@@ -43,13 +43,15 @@ from dispatch_support import (
 from sshd import Sshd, generate_key, host_directory, policy_owner_args, running_sshd
 from test_commands import HOSTILE_ARGUMENTS
 
-from sshadapter import dispatcher, policy
+from sshadapter.check.fixtures import load_fixtures
 from sshadapter.cli import main as cli_main
 from sshadapter.config import Allow, AuditSection, Config, PathsSection, ServerSection
-from sshadapter.daemon import Daemon, assemble, bind_socket
-from sshadapter.drift import PolicyMonitor
-from sshadapter.fixtures import load_fixtures
-from sshadapter.registry import Registry, load_registry
+from sshadapter.contract.registry import Registry, load_registry
+from sshadapter.daemon.assemble import assemble
+from sshadapter.daemon.drift import PolicyMonitor
+from sshadapter.daemon.server import Daemon
+from sshadapter.daemon.unix_socket import bind_socket
+from sshadapter.dispatch import dispatcher, policy
 
 HOSTS = ("ci", "local")
 # A client that gives up early (ssh -tt without a PTY) may exit before the dispatcher logs.
@@ -201,7 +203,7 @@ def test_every_shipped_operation_passes_with_every_fixtures_arguments(
     registry = registry_of(commands_with_programs(tmp_path / "commands", programs))
     total = 0
     for alias in HOSTS:
-        host.use(host.install(f"echo-{alias}", registry.policies[alias]))
+        host.use(host.install(f"echo-{alias}", policy.host_policies(registry)[alias]))
         ops = [op for op in registry.operations.values() if op.spec.host == alias]
         cases = [(op, fixture.args) for op in ops for fixture in load_fixtures(op)]
         results = asyncio.run(run_all(host.sshd, [op.command(args) for op, args in cases]))
@@ -296,7 +298,9 @@ def test_calls_through_the_daemon_succeed_as_before(host: Host, tmp_path: Path) 
         )
         if dispatch:
             more = {
-                keys[a]: host.options(host.install(f"daemon-{a}", registry.policies[a]))
+                keys[a]: host.options(
+                    host.install(f"daemon-{a}", policy.host_policies(registry)[a])
+                )
                 for a in HOSTS
             }
         else:
@@ -371,7 +375,7 @@ def thief_commands(marker: Path) -> list[str]:
 @pytest.fixture
 def local_host(host: Host, tmp_path: Path) -> Host:
     registry = registry_of(open_commands(tmp_path / "commands"))
-    host.use(host.install("local", registry.policies["local"]))
+    host.use(host.install("local", policy.host_policies(registry)["local"]))
     if host.marker.exists():
         host.marker.unlink()
     return host
@@ -498,7 +502,7 @@ def test_asyncssh_subsystems_environment_and_pty_requests(local_host: Host) -> N
 def test_a_key_without_restrict_still_gets_no_terminal(host: Host, tmp_path: Path) -> None:
     """Without `restrict` sshd grants a PTY; the dispatcher sees it and runs nothing."""
     registry = registry_of(open_commands(tmp_path / "commands"))
-    host.use(host.install("local", registry.policies["local"]), restrict=False)
+    host.use(host.install("local", policy.host_policies(registry)["local"]), restrict=False)
     try:
         done = host.ssh("cat /proc/loadavg", options=("-tt",))
         assert done.returncode == dispatcher.REFUSED_STATUS
@@ -549,7 +553,7 @@ def test_a_host_one_operation_behind_is_refused_until_updated(host: Host, tmp_pa
     registry = load_registry(
         commands, ROOT / "schemas", hosts=("local",), dispatch_hosts=("local",)
     )
-    full = registry.policies["local"]
+    full = policy.host_policies(registry)["local"]
     behind = host.install("behind", policy_without(full, "disk_usage"))
     host.sshd.authorize(more={key: host.options(behind)})
     read_log(host.log)
@@ -580,7 +584,7 @@ def test_a_host_one_operation_behind_is_refused_until_updated(host: Host, tmp_pa
         write_policy(behind, policy_without(full, "disk_usage"))
         now = [time.monotonic() + 3600]
         monitor = PolicyMonitor(daemon.runner, daemon.service.metrics, clock=lambda: now[0])
-        monitor.expect(daemon.service.registry.policies)
+        monitor.expect(policy.host_policies(daemon.service.registry))
         daemon.service.dispatch = monitor
         refused = await ask(config, "disk_usage", {"path": "/"})
         assert refused["error"] == {"code": "UPSTREAM_UNAVAILABLE", "retryable": False}
@@ -615,7 +619,8 @@ def test_check_hosts_names_what_a_host_lacks(
             path.unlink()
     local = ("local",)
     full = load_registry(commands, ROOT / "schemas", hosts=local, dispatch_hosts=local)
-    installed = host.install("check", policy_without(full.policies["local"], "mount_info"))
+    full_policy = policy.host_policies(full)["local"]
+    installed = host.install("check", policy_without(full_policy, "mount_info"))
     host.sshd.authorize(more={key: host.options(installed)})
     config = tmp_path / "config.toml"
     config.write_text(
@@ -633,7 +638,7 @@ def test_check_hosts_names_what_a_host_lacks(
     report = json.loads(capsys.readouterr().out)
     assert report[-1]["kind"] == "dispatch_policy" and report[-1]["ok"] is False
     assert report[-1]["got"]["refused"] == ["mount_info"]
-    write_policy(installed, full.policies["local"])
+    write_policy(installed, full_policy)
     assert cli_main(["check", "--config", str(config), "--hosts"]) == 0
 
 

@@ -5,7 +5,7 @@ Convention (docs/command-files.md "How to read the tables"): a key, a metric or 
 config section is documented by a row of a Markdown table whose first column is
 headed `key` (or `metric`), its name in backticks in the first cell; `*` stands
 for a name the operator chooses. The lists are derived from the code (the
-pydantic models, registry.PARAM_KEYWORDS, the finite lists of errors.py, the
+pydantic models, params.PARAM_KEYWORDS, the finite lists of errors.py, the
 metrics registry), so a key added to a model fails here until it is documented.
 """
 
@@ -24,16 +24,18 @@ import orjson
 from daemon_harness import JOB_COMMAND, JOB_OUT, ROOT, Running, shipped_commands, with_daemon
 from pydantic import BaseModel
 
-from sshadapter import envelope, errors, offload
-from sshadapter.commandfile import CommandFile
+from sshadapter import errors
+from sshadapter.check.fixtures import _CASE_KEYS, _EXPECT_KEYS
 from sshadapter.config import ConfigFile
+from sshadapter.contract import codes
+from sshadapter.contract.commandfile import CommandFile
+from sshadapter.contract.params import PARAM_KEYWORDS
+from sshadapter.contract.schemas import REFERENCE_FORMATS
+from sshadapter.daemon import offload
+from sshadapter.daemon.metrics import CLIENT_DROP_REASONS, Metrics
 from sshadapter.errors import UpstreamError
-from sshadapter.fixtures import _CASE_KEYS, _EXPECT_KEYS
-from sshadapter.metrics import CLIENT_DROP_REASONS, Metrics
-from sshadapter.registry import PARAM_KEYWORDS
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
-from sshadapter.schemas import REFERENCE_FORMATS
 
 DOCS = ROOT / "docs"
 AUDIT_SCHEMA = DOCS / "audit-records.schema.json"
@@ -135,7 +137,7 @@ def test_every_code_stage_and_reason_is_documented() -> None:
     """docs/protocol.md names every error code, stage and reason the daemon can produce."""
     text = (DOCS / "protocol.md").read_text()
     names = {
-        *envelope.CODES,
+        *codes.CODES,
         *errors.STAGES,
         *errors.REQUEST_REASONS,
         *errors.TRANSPORT_REASONS,
@@ -266,7 +268,7 @@ def test_the_audit_schema_is_valid_and_its_lists_are_the_codes() -> None:
         *(reason for reasons in errors.DISPATCH_REASONS.values() for reason in reasons),
         DECLARED_EXIT_STATUS,
     }
-    assert defs["code"]["enum"] == list(envelope.CODES)
+    assert defs["code"]["enum"] == list(codes.CODES)
     assert defs["stage"]["enum"] == list(errors.STAGES)
     assert set(defs["reason"]["enum"]) == reasons
     assert set(defs["transport_reason"]["enum"]) == errors.TRANSPORT_REASONS

@@ -14,8 +14,8 @@ import referencing.exceptions
 from referencing import Registry as RefRegistry
 from referencing.jsonschema import DRAFT202012
 
-from sshadapter.registry import load_registry
-from sshadapter.schemas import DRAFT_2020_12
+from sshadapter.contract.registry import load_registry
+from sshadapter.contract.schemas import DRAFT_2020_12
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = load_registry(ROOT / "commands", ROOT / "schemas", hosts=None)

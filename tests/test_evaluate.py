@@ -11,15 +11,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sshadapter.envelope import (
-    CODES,
+from sshadapter.contract.codes import CODES
+from sshadapter.contract.envelope import (
     REQUEST_ID_PATTERN,
     SYSTEM_ENVELOPE_SCHEMA,
     failure,
     new_request_id,
 )
-from sshadapter.evaluate import Verdict, evaluate, seal
-from sshadapter.registry import Registry, load_registry
+from sshadapter.contract.evaluate import Verdict, evaluate, seal
+from sshadapter.contract.registry import Registry, load_registry
 from sshadapter.runners.interface import RunResult
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -242,8 +242,8 @@ def test_any_output_ends_in_a_closed_envelope(
 
 def test_envelope_guard_agrees_with_the_published_schema(registry: Registry) -> None:
     """On every fixture and near-miss, the fast guard and the full envelope schema agree."""
-    from sshadapter.fixtures import load_fixtures
-    from sshadapter.nearmiss import derive
+    from sshadapter.check.fixtures import load_fixtures
+    from sshadapter.check.nearmiss import derive
 
     checked = 0
     for op in registry.operations.values():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from sshadapter.contract.extract import JsonlFormat, KvFormat, LinesFormat, RegexFormat, convert
+from sshadapter.contract.linear_regex import compile_linear
 from sshadapter.errors import EvidenceError
-from sshadapter.extract import JsonlFormat, KvFormat, LinesFormat, RegexFormat, convert
-from sshadapter.linear_regex import compile_linear
 
 DF_HEADER = compile_linear(r"^Filesystem +1024-blocks +Used +Available +Capacity +Mounted on$")
 DF_ROW = compile_linear(

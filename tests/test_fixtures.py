@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from sshadapter.check.fixtures import load_fixtures
+from sshadapter.contract.registry import load_registry
 from sshadapter.errors import ConfigError
-from sshadapter.fixtures import load_fixtures
-from sshadapter.registry import load_registry
 
 REPO = Path(__file__).resolve().parents[1]
 TOOL = "load_average"

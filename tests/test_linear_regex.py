@@ -1,6 +1,6 @@
 """Operator patterns run in linear time on untrusted text, whatever the operator wrote.
 
-Extractor patterns go through RE2 (sshadapter/linear_regex.py), parameter and
+Extractor patterns go through RE2 (sshadapter/contract/linear_regex.py), parameter and
 schema patterns through jsonschema-rs's linear engine; a construct neither can
 run in linear time is a load error naming the file, the key and the construct.
 """
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from test_commands import replaced, write
 
-from sshadapter import linear_regex
+from sshadapter.contract import linear_regex
+from sshadapter.contract.linear_regex import LinearRegexError, compile_linear
+from sshadapter.contract.registry import load_registry
+from sshadapter.contract.schemas import SchemaSet
 from sshadapter.errors import ConfigError
-from sshadapter.linear_regex import LinearRegexError, compile_linear
-from sshadapter.registry import load_registry
-from sshadapter.schemas import SchemaSet
 
 ROOT = Path(__file__).resolve().parents[1]
 # The issue's example: nested quantifiers; Python's re needs seconds for 26 bytes, and
@@ -46,9 +46,9 @@ def test_named_groups_and_spans_match_the_python_engine() -> None:
 def test_the_pathological_line_is_rejected_without_backtracking() -> None:
     """The ReDoS row on a 40-byte line: rejected at once (a 60 s guard, not a timing)."""
     script = f"""
-from sshadapter.extract import LinesFormat
+from sshadapter.contract.extract import LinesFormat
 from sshadapter.errors import EvidenceError
-from sshadapter.linear_regex import compile_linear
+from sshadapter.contract.linear_regex import compile_linear
 fmt = LinesFormat(1 << 20, (), compile_linear({PATHOLOGICAL_ROW!r}), "rows", 100000, {{}})
 try:
     fmt.parse(({PATHOLOGICAL_LINE!r} + "\\n").encode() * 20000)
@@ -112,7 +112,7 @@ def test_schema_patterns_run_on_the_linear_engine(tmp_path: Path) -> None:
     script = """
 import jsonschema_rs
 from pathlib import Path
-from sshadapter.schemas import SchemaSet
+from sshadapter.contract.schemas import SchemaSet
 schemas = SchemaSet(Path(__import__("sys").argv[1]))
 v = schemas.compile({"type": "string", "pattern": "^(a+)+$", "maxLength": 100000}, file="x")
 print(v.is_valid("a" * 50000 + "!"))
@@ -166,7 +166,7 @@ def test_a_lines_row_with_unnamed_groups_extracts_its_named_fields(
     """A table whose row has unnamed groups: every line a row of its named fields (no INTERNAL)."""
     import re
 
-    from sshadapter.extract import LinesFormat
+    from sshadapter.contract.extract import LinesFormat
 
     fmt = LinesFormat(1 << 20, (), compile_linear(pattern), "rows", 100, {})
     stdout = "".join(f"{line}\n" for line in lines).encode()

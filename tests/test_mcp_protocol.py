@@ -35,10 +35,10 @@ from mcp_harness import (
 )
 from sshd import running_sshd
 
-from sshadapter.mcp import LIST_CHECK_MIN_SECONDS, Bridge
-from sshadapter.mcp_daemon import DaemonLink
-from sshadapter.mcp_protocol import MAX_LINE_BYTES, SUPPORTED_VERSIONS
-from sshadapter.mcp_stdio import END, Item
+from sshadapter.mcp.bridge import LIST_CHECK_MIN_SECONDS, Bridge
+from sshadapter.mcp.daemon_link import DaemonLink
+from sshadapter.mcp.protocol import MAX_LINE_BYTES, SUPPORTED_VERSIONS
+from sshadapter.mcp.stdio import END, Item
 
 
 @pytest.fixture(scope="module")
@@ -475,7 +475,7 @@ def test_end_of_input_ends_the_bridge_and_waits_for_answers_in_flight(daemon: Da
 def test_nothing_but_protocol_lines_reach_stdout() -> None:
     """claim_stdout: print() and a C-level write to fd 1 land on stderr, protocol lines don't."""
     code = (
-        "import os; from sshadapter.mcp_stdio import claim_stdout, write_all\n"
+        "import os; from sshadapter.mcp.stdio import claim_stdout, write_all\n"
         "fd = claim_stdout()\n"
         "print('stray print')\n"
         "os.write(1, b'stray fd 1 write\\n')\n"

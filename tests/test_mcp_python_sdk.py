@@ -28,7 +28,7 @@ from mcp_harness import (
 )
 from sshd import running_sshd
 
-from sshadapter.mcp import LIST_CHECK_MIN_SECONDS
+from sshadapter.mcp.bridge import LIST_CHECK_MIN_SECONDS
 
 MODES = ["legacy", "auto", "2026-07-28"]
 VERSION = {"legacy": "2025-11-25", "auto": "2026-07-28", "2026-07-28": "2026-07-28"}

@@ -12,11 +12,11 @@ from typing import Any
 import orjson
 import pytest
 
-from sshadapter import envelope, registry
-from sshadapter.mcp_protocol import Era
-from sshadapter.mcp_tools import (
+from sshadapter.contract import envelope, registry
+from sshadapter.contract.registry import load_registry
+from sshadapter.mcp.protocol import Era
+from sshadapter.mcp.tools import (
     BRIDGE_REQUEST_ID_PREFIX,
-    DAEMON_SYSTEM_TOOL,
     TOOL_NAME,
     DaemonAnswerError,
     bridge_envelope,
@@ -25,7 +25,6 @@ from sshadapter.mcp_tools import (
     listing,
     mcp_tool,
 )
-from sshadapter.registry import load_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = load_registry(ROOT / "commands", ROOT / "schemas", hosts=None)
@@ -41,8 +40,6 @@ def entry(name: str, **changes: Any) -> dict[str, Any]:
 
 def test_bridge_envelope_is_the_daemons_failure_shape_with_its_own_id_prefix() -> None:
     """Written out to keep start-up light, it must equal envelope.failure but for request_id."""
-    assert DAEMON_SYSTEM_TOOL == envelope.SYSTEM_TOOL
-    assert DAEMON_SYSTEM_TOOL == registry.RESERVED_TOOL
     assert TOOL_NAME.pattern == registry.TOOL_NAME.pattern
     made = bridge_envelope("disk_usage", "INTERNAL", True)
     daemon = envelope.failure("disk_usage", made["request_id"], "INTERNAL", True)
@@ -155,7 +152,7 @@ def test_listing_is_sorted_by_name_and_refuses_what_is_not_a_list() -> None:
 def test_the_bridge_loads_neither_pydantic_nor_the_schema_libraries() -> None:
     """What keeps `sshadapter mcp` starting in tens of milliseconds (tests/bench/bench_mcp.py)."""
     code = (
-        "import sys; from sshadapter import cli, mcp; "
+        "import sys; from sshadapter import cli; from sshadapter.mcp import bridge; "
         "heavy = {'pydantic', 'pydantic_settings', 'jsonschema', 'jsonschema_rs', "
         "'referencing', 'asyncssh', 'prometheus_client'}; "
         "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))"

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from test_cli import serve_config
 
-from sshadapter.commandfile import MAX_COMMAND_FILE_BYTES
 from sshadapter.config import MAX_CONFIG_BYTES
-from sshadapter.schemas import MAX_SCHEMA_BYTES
+from sshadapter.contract.commandfile import MAX_COMMAND_FILE_BYTES
+from sshadapter.contract.schemas import MAX_SCHEMA_BYTES
 
 REPO = Path(__file__).resolve().parents[1]
 # `check` of a directory with a FIFO answers in about a second; a blocked one never does.

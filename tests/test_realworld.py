@@ -24,10 +24,10 @@ from typing import Any, Final
 import pytest
 from shared_data import find_shared
 
-from sshadapter.evaluate import Verdict, evaluate, seal
-from sshadapter.fixtures import Fixture, load_fixtures
-from sshadapter.nearmiss import derive
-from sshadapter.registry import Operation, Registry, load_registry
+from sshadapter.check.fixtures import Fixture, load_fixtures
+from sshadapter.check.nearmiss import derive
+from sshadapter.contract.evaluate import Verdict, evaluate, seal
+from sshadapter.contract.registry import Operation, Registry, load_registry
 from sshadapter.runners.interface import RunResult
 
 ROOT = Path(__file__).resolve().parents[1]

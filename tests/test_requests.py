@@ -20,15 +20,15 @@ from daemon_harness import JOB_COMMAND, JOB_OUT, ROOT, Running, shipped_commands
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sshadapter import envelope
-from sshadapter.authorize import Peer
 from sshadapter.config import Allow
-from sshadapter.daemon import assemble
+from sshadapter.contract import envelope
+from sshadapter.contract.registry import Registry
+from sshadapter.contract.schemas import SchemaSet
+from sshadapter.daemon.assemble import assemble
+from sshadapter.daemon.authorize import Peer
 from sshadapter.errors import UpstreamError
-from sshadapter.registry import Registry
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
-from sshadapter.schemas import SchemaSet
 
 PEER = Peer(pid=1, uid=os.getuid(), gid=os.getgid())
 OPS = ["call", "list", "shell", "", None]
@@ -212,7 +212,7 @@ def test_a_declared_not_found_is_no_rejection(tmp_path: Path) -> None:
 
 def test_peer_identity_comes_from_the_kernel(tmp_path: Path) -> None:
     """The daemon reads uid and gid from SO_PEERCRED, whatever the request says."""
-    from sshadapter.daemon import peer_of
+    from sshadapter.daemon.unix_socket import peer_of
 
     left, right = socket.socketpair(socket.AF_UNIX)
     with left, right:

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sshadapter.check.fixtures import load_fixtures
+from sshadapter.check.nearmiss import derive
+from sshadapter.contract.registry import Operation, Registry, load_registry
+from sshadapter.contract.rfc3339 import is_date_time
 from sshadapter.errors import EvidenceError
-from sshadapter.fixtures import load_fixtures
-from sshadapter.nearmiss import derive
-from sshadapter.registry import Operation, Registry, load_registry
-from sshadapter.rfc3339 import is_date_time
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY: Registry = load_registry(ROOT / "commands", ROOT / "schemas", hosts=None)

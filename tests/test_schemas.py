@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from sshadapter.contract.schemas import BASE_URI, DRAFT_2020_12, SchemaSet, Validator, lint
 from sshadapter.errors import ConfigError, EvidenceError
-from sshadapter.schemas import BASE_URI, DRAFT_2020_12, SchemaSet, Validator, lint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -390,7 +390,7 @@ _LOAD_ONE = """
 import sys
 from pathlib import Path
 from sshadapter.errors import ConfigError
-from sshadapter.schemas import SchemaSet
+from sshadapter.contract.schemas import SchemaSet
 try:
     SchemaSet(Path(sys.argv[1]))
 except ConfigError as exc:

@@ -34,9 +34,9 @@ from sshd import (
 
 from sshadapter.config import HostSection
 from sshadapter.errors import UpstreamError
-from sshadapter.runners import ssh as ssh_runner
 from sshadapter.runners.interface import RunResult
-from sshadapter.runners.ssh import SshRunner
+from sshadapter.runners.ssh import exec_gate
+from sshadapter.runners.ssh.runner import SshRunner
 
 T = TypeVar("T")
 
@@ -484,7 +484,7 @@ def test_close_during_a_call_is_pool_closed(faults: FaultServer) -> None:
 
 def test_the_spare_channel_gate_fits_this_asyncssh() -> None:
     """The one private asyncssh method spares rely on is there: else they are off, loudly."""
-    assert ssh_runner.SPARES, f"asyncssh {asyncssh.__version__}: spare channels are off"
+    assert exec_gate.SPARES, f"asyncssh {asyncssh.__version__}: spare channels are off"
 
 
 def test_calls_go_out_on_spare_channels_and_nothing_runs_before(faults: FaultServer) -> None:

@@ -56,7 +56,7 @@ from sshadapter.config import (
     AuditSection,
     ServerSection,
 )
-from sshadapter.runners.ssh import CLOSE_TIMEOUT_SECONDS
+from sshadapter.runners.ssh.pool import CLOSE_TIMEOUT_SECONDS
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMD = ROOT / "systemd"

@@ -1,10 +1,7 @@
 """The seam between the pipeline and whatever runs a command.
 
 ``interface.Runner`` runs one command on one host and returns bytes, exit
-status and timing. Implementations: ``scripted`` (a table of recorded answers: tests) and,
-in production, asyncssh.
+status and timing (``interface.RunResult``). Implementations: ``scripted`` (a
+table of recorded answers: tests and offline checks) and ``ssh`` (asyncssh, in
+production). Imports only the root leaves (errors, config, bounded_read).
 """
-
-from sshadapter.runners.interface import Runner, RunResult
-
-__all__ = ["RunResult", "Runner"]

@@ -58,8 +58,11 @@ from dispatch_support import (  # noqa: E402
 from sshd import generate_key, host_directory, running_sshd  # noqa: E402
 
 from sshadapter.config import Allow, AuditSection, Config, PathsSection, ServerSection  # noqa: E402
-from sshadapter.daemon import Daemon, assemble, bind_socket  # noqa: E402
-from sshadapter.registry import load_registry  # noqa: E402
+from sshadapter.contract.registry import load_registry  # noqa: E402
+from sshadapter.daemon.assemble import assemble  # noqa: E402
+from sshadapter.daemon.server import Daemon  # noqa: E402
+from sshadapter.daemon.unix_socket import bind_socket  # noqa: E402
+from sshadapter.dispatch import policy  # noqa: E402
 
 COMMAND = "cat /proc/loadavg"
 CALLS_PER_ROUND = 20
@@ -106,7 +109,7 @@ async def measure(rounds: int) -> dict[str, list[float]]:
             commands, ROOT / "schemas", hosts=("local",), dispatch_hosts=("local",)
         )
         dispatch = install_dispatcher(host)
-        policy_file = write_policy(host / "policy.json", registry.policies["local"])
+        policy_file = write_policy(host / "policy.json", policy.host_policies(registry)["local"])
         plain_key, dispatch_key = work / "plain_key", work / "dispatch_key"
         generate_key(plain_key)
         generate_key(dispatch_key)

@@ -52,13 +52,14 @@ CALL = {"op": "call", "tool": "load_average", "args": {}}
 
 def serve_scripted(workdir: Path) -> None:
     """The daemon, in this process: shipped commands, load_average answered by a script."""
-    from sshadapter.audit import AuditLog
     from sshadapter.config import Allow, AuditSection, Config, PathsSection, ServerSection
-    from sshadapter.daemon import Daemon, bind_socket
-    from sshadapter.registry import load_registry
+    from sshadapter.contract.registry import load_registry
+    from sshadapter.daemon.audit import AuditLog
+    from sshadapter.daemon.server import Daemon
+    from sshadapter.daemon.service import Service
+    from sshadapter.daemon.unix_socket import bind_socket
     from sshadapter.runners.interface import RunResult
     from sshadapter.runners.scripted import ScriptedRunner
-    from sshadapter.service import Service
 
     config = Config(
         server=ServerSection(socket_path=workdir / "sshadapter.sock"),

@@ -52,8 +52,8 @@ sys.path.insert(0, str(ROOT / "tests" / "bench"))
 import parser_cost  # noqa: E402
 from table import Row, print_rows  # noqa: E402
 
-from sshadapter.evaluate import evaluate, seal  # noqa: E402
-from sshadapter.registry import Operation, Registry, load_registry  # noqa: E402
+from sshadapter.contract.evaluate import evaluate, seal  # noqa: E402
+from sshadapter.contract.registry import Operation, Registry, load_registry  # noqa: E402
 from sshadapter.runners.interface import RunResult  # noqa: E402
 
 BUDGET_S: Final = 40.0  # the main comparison; the breakdown gets a quarter of that

@@ -5,7 +5,7 @@ it always exits 0 and prints PASS/FAIL.
 
 The operator's row ``^(?P<x>(\\S+ ?)+)$`` (nested quantifiers) against a line of
 ``a`` x N and a tab, which almost matches. Timed: the package's ``lines`` extractor
-(RE2, sshadapter/linear_regex.py) on the 26-byte line of the issue and on longer
+(RE2, sshadapter/contract/linear_regex.py) on the 26-byte line of the issue and on longer
 ones, beside Python's ``re`` on short lines (it doubles with each byte, so the
 longer lines are left to the extrapolation it prints). The whole call is one
 synchronous stretch of the event loop, so its time is the loop time it costs.
@@ -17,9 +17,9 @@ import re
 import time
 from typing import Final
 
+from sshadapter.contract.extract import LinesFormat
+from sshadapter.contract.linear_regex import compile_linear
 from sshadapter.errors import EvidenceError
-from sshadapter.extract import LinesFormat
-from sshadapter.linear_regex import compile_linear
 
 ROW: Final = r"^(?P<x>(\S+ ?)+)$"
 TARGET_MS: Final = 10.0  # the issue: under 10 ms of loop time

@@ -92,7 +92,7 @@ PATCHES: Final = {
     # runners.ssh without spare channels: every call opens its own channel, as before
     # issue 13 (measures what the spares save). Measurement only.
     "no-spares": r"""
-from sshadapter.runners import ssh as _s
+from sshadapter.runners.ssh import exec_gate as _s
 
 _s.SPARES = False
 """,

@@ -45,7 +45,7 @@ import orjson  # noqa: E402
 from daemon_patches import LOOP_DUMP_SIGNAL, LOOP_START_SIGNAL, PATCHES, SERVE  # noqa: E402
 from sshd import Sshd, running_sshd  # noqa: E402
 
-from sshadapter.registry import Registry, load_registry  # noqa: E402
+from sshadapter.contract.registry import Registry, load_registry  # noqa: E402
 
 # The daemon's limits, written into its config, mirrored by the raw asyncssh pool. Pool
 # capacity 6 x 6 = 36 channels is above max_concurrent_calls, so the pool never holds calls

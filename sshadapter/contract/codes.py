@@ -1,0 +1,29 @@
+"""The names the agent contract hands out: the error codes and the system tool.
+
+Reference: docs/protocol.md "Error codes". Import-free on purpose: the
+envelope, the registry and the MCP bridge share this one definition, and the
+bridge (which starts once per agent session) must not load what the rest of
+the contract needs (tests/test_mcp_tools.py pins what it may import).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+# code -> retryable by default (docs/protocol.md "Error codes"). UPSTREAM_UNAVAILABLE is not
+# retryable for a host key mismatch or an authentication failure.
+CODES: Final[Mapping[str, bool]] = {
+    "INVALID_REQUEST": False,
+    "DENIED": False,
+    "NOT_FOUND": False,
+    "UPSTREAM_UNAVAILABLE": True,
+    "INVALID_RESPONSE": False,
+    "OVERLOADED": True,
+    "INTERNAL": False,
+}
+SYSTEM_TOOL: Final = "sshadapter"
+"""The `tool` of the daemon's answer to a request naming no known tool: reserved, no
+command file may take it."""
+TOOL_NAME_PATTERN: Final = "[a-z][a-z0-9_]{1,62}"
+"""Every name a command file may give a tool (its stem), matched whole."""

@@ -1,0 +1,254 @@
+"""The command-file format: what ``commands/<tool>.toml`` may say, and nothing else.
+
+Reference: docs/command-files.md, which lists every key of every table with its
+type, default and meaning (tests/test_docs.py derives the key list from these
+models, so the two cannot drift apart). Unknown keys are errors; every error
+names the file, the key and the reason.
+
+This module knows the TOML format only. What the keys mean together (argv
+placeholders against parameters, fields against the schema) is checked by
+``registry`` when the file becomes an ``Operation``.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+import orjson
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    model_validator,
+)
+
+from sshadapter.bounded_read import read_bounded
+from sshadapter.config import Allow
+from sshadapter.contract.extract import FieldType
+from sshadapter.contract.semantic import Checks
+from sshadapter.errors import ConfigError
+from sshadapter.strict_json import DEFAULT_MAX_DEPTH, MAX_DEPTH_LIMIT
+
+PARAM_NAME: Final = r"^[a-z][a-z0-9_]{0,62}$"
+
+DEFAULT_TIMEOUT_SECONDS: Final = 10.0  # a status query that takes longer is not a status query
+MAX_TIMEOUT_SECONDS: Final = 600.0
+DEFAULT_MAX_OUTPUT_BYTES: Final = 64 * 1024  # a fact for an agent is small; raise per tool
+MAX_OUTPUT_BYTES: Final = 16 * 1024 * 1024  # hard ceiling: the daemon buffers the output
+DEFAULT_MAX_STDERR_BYTES: Final = 64 * 1024  # stderr is audited, never shown: keep it bounded
+MAX_COMMAND_FILE_BYTES: Final = 256 * 1024  # one operation, written by hand: larger is a mistake
+MAX_RETRY_ATTEMPTS: Final = 5
+EXIT_MEANINGS: Final = ("success", "NOT_FOUND", "UPSTREAM_UNAVAILABLE", "INVALID_RESPONSE")
+FAILURE_MEANINGS: Final = EXIT_MEANINGS[1:]  # what stderr may choose between (never success)
+MAX_STDERR_PATTERN_CHARS: Final = 1024  # a pattern names one known message, not a grammar
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=False)
+
+
+class _KeyedError(ValueError):
+    """A cross-key rule broken inside a table: pydantic locates it at the table, this at the key."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(reason)
+        self.key = key
+
+
+class StderrCase(_Table):
+    """An exit status whose meaning depends on stderr: ``then`` if it passes the test, else
+    ``otherwise``. Exactly one test: ``if_stderr = "empty"`` or ``if_stderr_matches``."""
+
+    if_stderr: Literal["empty"] | None = None
+    if_stderr_matches: (
+        Annotated[str, Field(min_length=1, max_length=MAX_STDERR_PATTERN_CHARS)] | None
+    ) = None
+    then: str
+    otherwise: str
+
+    @model_validator(mode="after")
+    def _one_test_two_failures(self) -> StderrCase:
+        if (self.if_stderr is None) == (self.if_stderr_matches is None):
+            raise _KeyedError("if_stderr", "give exactly one of if_stderr, if_stderr_matches")
+        for key in ("then", "otherwise"):
+            meaning = getattr(self, key)
+            if meaning == "success":
+                raise _KeyedError(
+                    key, "stderr only chooses between failures: success is the exit status's"
+                )
+            if meaning not in FAILURE_MEANINGS:
+                raise _KeyedError(key, f"{meaning!r} is not one of {', '.join(FAILURE_MEANINGS)}")
+        if self.then == self.otherwise:
+            raise _KeyedError("otherwise", "same as `then`: write the plain meaning instead")
+        return self
+
+
+# An exit_codes entry is a meaning or a table of stderr cases. Pydantic puts the tag of
+# a discriminated union's member into an error's location; read_command_file drops it,
+# since the operator wrote no such key.
+_PLAIN: Final = "<meaning>"
+_BY_STDERR: Final = "<by stderr>"
+
+
+def _exit_entry_kind(value: Any) -> str:
+    return _BY_STDERR if isinstance(value, dict | StderrCase) else _PLAIN
+
+
+ExitEntry = Annotated[
+    Annotated[str, Tag(_PLAIN)] | Annotated[StderrCase, Tag(_BY_STDERR)],
+    Discriminator(_exit_entry_kind),
+]
+
+
+class OutputSection(_Table):
+    format: Literal["json", "jsonl", "regex", "lines", "kv"]
+    schema_file: str = Field(alias="schema", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\.json$")
+    max_bytes: Annotated[int, Field(ge=1, le=MAX_OUTPUT_BYTES)] = DEFAULT_MAX_OUTPUT_BYTES
+    max_stderr_bytes: Annotated[int, Field(ge=0, le=MAX_OUTPUT_BYTES)] = DEFAULT_MAX_STDERR_BYTES
+    max_depth: Annotated[int, Field(ge=1, le=MAX_DEPTH_LIMIT)] = DEFAULT_MAX_DEPTH
+    stderr: Literal["ignore", "reject"] = "ignore"
+    exit_codes: dict[str, ExitEntry] = {"0": "success"}
+    # text extractors
+    pattern: str | None = None
+    header: tuple[str, ...] = ()
+    row: str | None = None
+    shape: Literal["one", "rows"] | None = None
+    max_rows: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    types: dict[str, FieldType] = {}
+    separator: Annotated[str, Field(min_length=1, max_length=8)] | None = None
+    keys: tuple[str, ...] | None = None
+    optional_keys: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _keys_fit_format(self) -> OutputSection:
+        allowed = {
+            "json": {"max_depth"},
+            "jsonl": {"max_depth", "max_rows"},
+            "regex": {"pattern", "types"},
+            "lines": {"header", "row", "shape", "max_rows", "types"},
+            "kv": {"separator", "keys", "optional_keys", "types"},
+        }[self.format]
+        extractor_keys = {
+            "pattern",
+            "header",
+            "row",
+            "shape",
+            "max_rows",
+            "types",
+            "separator",
+            "keys",
+            "optional_keys",
+            "max_depth",
+        }
+        for key in sorted((extractor_keys & self.model_fields_set) - allowed):
+            raise _KeyedError(key, f"does not apply to format {self.format!r}")
+        required = {"regex": ("pattern",), "lines": ("row", "shape"), "kv": ("separator", "keys")}
+        for key in required.get(self.format, ()):
+            if getattr(self, key) is None:
+                raise _KeyedError(key, f"required key is missing for format {self.format!r}")
+        if self.shape == "one" and self.max_rows not in (None, 1):
+            raise _KeyedError(
+                "max_rows", "shape 'one' is exactly one row: more rows would be read and ignored"
+            )
+        for status, meaning in self.exit_codes.items():
+            if not re.fullmatch(r"0|[1-9][0-9]{0,2}", status) or int(status) > 255:
+                raise _KeyedError(f"exit_codes.{status}", "not an exit status 0-255")
+            if isinstance(meaning, str) and meaning not in EXIT_MEANINGS:
+                raise _KeyedError(
+                    f"exit_codes.{status}", f"{meaning!r} is not one of {', '.join(EXIT_MEANINGS)}"
+                )
+        if "success" not in self.exit_codes.values():
+            raise _KeyedError("exit_codes", "no status means success")
+        for key in self.optional_keys:
+            if key in (self.keys or ()):
+                raise _KeyedError("optional_keys", f"{key!r} is also in `keys`")
+        return self
+
+    @property
+    def meanings(self) -> frozenset[str]:
+        """Every meaning some exit status may have, stderr cases included."""
+        found: set[str] = set()
+        for entry in self.exit_codes.values():
+            found |= {entry} if isinstance(entry, str) else {entry.then, entry.otherwise}
+        return frozenset(found)
+
+
+class AgentSection(_Table):
+    fields: tuple[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")], ...] = Field(
+        min_length=1
+    )
+
+
+class RetrySection(_Table):
+    attempts: Annotated[int, Field(ge=1, le=MAX_RETRY_ATTEMPTS)] = 1
+    budget_seconds: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_SECONDS)] = 30.0
+    # Only a transport failure may be retried: bad evidence (INVALID_RESPONSE) is never
+    # retryable, so a table that lists it would promise what no call does.
+    on: tuple[Literal["UPSTREAM_UNAVAILABLE"], ...] = ()
+
+
+class CommandFile(_Table):
+    description: Annotated[str, Field(min_length=1, max_length=500)]
+    version: Annotated[int, Field(ge=1)]
+    host: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")]
+    argv: tuple[Annotated[str, Field(max_length=4096)], ...] = Field(min_length=1, max_length=256)
+    timeout_seconds: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_SECONDS)] = DEFAULT_TIMEOUT_SECONDS
+    idempotent: bool = False
+    read_only: bool = False
+    """The command changes nothing on the host: published as MCP ``readOnlyHint``.
+
+    An operator's statement, never inferred from argv. Hosts let read-only tools
+    run without a confirmation (Claude Code's plan mode blocks the others).
+    """
+    allow: Allow | None = None
+    params: dict[Annotated[str, Field(pattern=PARAM_NAME)], dict[str, Any]] = {}
+    output: OutputSection
+    checks: Checks = Checks()
+    agent: AgentSection
+    retry: RetrySection = RetrySection()
+
+    @model_validator(mode="after")
+    def _retries_need_idempotence(self) -> CommandFile:
+        if self.retry.attempts > 1 and self.retry.on and not self.idempotent:
+            raise _KeyedError(
+                "retry", "retrying after the command may have run needs `idempotent = true`"
+            )
+        return self
+
+
+def read_command_bytes(path: Path) -> bytes:
+    """A command file's bytes (a regular file, within its bound), or ConfigError."""
+    return read_bounded(path, MAX_COMMAND_FILE_BYTES)
+
+
+def parse_command_file(path: Path, raw: bytes) -> CommandFile:
+    """The parsed contents of the command file ``path`` whose bytes are ``raw``, or ConfigError."""
+    file = str(path)
+    try:
+        # Strict, through JSON: TOML has real types, so "yes" is no boolean, "5" no
+        # number and 256.0 no integer; JSON mode still reads arrays as tuples.
+        spec = CommandFile.model_validate_json(
+            orjson.dumps(tomllib.loads(raw.decode("utf-8"))), strict=True
+        )
+    except UnicodeDecodeError as exc:
+        raise ConfigError(file, "", "not UTF-8") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(file, "", f"not valid TOML: {exc}") from exc
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = [str(p) for p in first["loc"] if p not in (_PLAIN, _BY_STDERR)]
+        cause = first.get("ctx", {}).get("error")
+        if isinstance(cause, _KeyedError):
+            loc.append(cause.key)
+        key = ".".join(loc)
+        reason = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
+            first["type"], str(first["msg"]).removeprefix("Value error, ")
+        )
+        raise ConfigError(file, key, reason) from exc
+    return spec

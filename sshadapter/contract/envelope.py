@@ -1,0 +1,144 @@
+"""The agent contract: the closed envelope, its per-tool schema, and the error codes.
+
+Reference: docs/protocol.md "The envelope". An envelope is either
+``{"tool", "request_id", "outcome": "success", "data"}`` or
+``{"tool", "request_id", "outcome": "failure", "error": {"code", "retryable"}}``;
+nothing else. Each tool publishes a JSON Schema for its envelope (an object at
+the root, the ``oneOf`` inside it, as in the article), and every envelope is
+validated against it before it leaves the daemon.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Mapping
+from typing import Any, Final
+
+import orjson
+
+from sshadapter.contract.codes import CODES, SYSTEM_TOOL
+from sshadapter.contract.schemas import DRAFT_2020_12, Projection
+
+REQUEST_ID_PATTERN: Final = "^[A-Za-z0-9][A-Za-z0-9_.]{7,63}$"
+ENVELOPE_BASE_URI: Final = "https://sshadapter.invalid/envelopes/"
+
+
+def new_request_id() -> str:
+    """Made by the daemon, never taken from the client or the remote side: 80 random bits.
+
+    One getrandom call (``secrets.choice`` per character made 16 and cost 28 µs a call).
+    """
+    return "req." + secrets.token_hex(10)
+
+
+def success(tool: str, request_id: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    return {"tool": tool, "request_id": request_id, "outcome": "success", "data": data}
+
+
+def failure(tool: str, request_id: str, code: str, retryable: bool | None = None) -> dict[str, Any]:
+    if code not in CODES:
+        raise ValueError(f"unknown error code {code}")  # a bug, never input
+    return {
+        "tool": tool,
+        "request_id": request_id,
+        "outcome": "failure",
+        "error": {"code": code, "retryable": CODES[code] if retryable is None else retryable},
+    }
+
+
+def _branches(tool: str, data: Mapping[str, Any], codes: list[str]) -> list[dict[str, Any]]:
+    common = {
+        "tool": {"const": tool},
+        "request_id": {"type": "string", "pattern": REQUEST_ID_PATTERN},
+    }
+    return [
+        {
+            "title": "Success result",
+            "type": "object",
+            "required": ["tool", "request_id", "outcome", "data"],
+            "properties": {**common, "outcome": {"const": "success"}, "data": data},
+            "additionalProperties": False,
+        },
+        {
+            "title": "Failure result",
+            "type": "object",
+            "required": ["tool", "request_id", "outcome", "error"],
+            "properties": {
+                **common,
+                "outcome": {"const": "failure"},
+                "error": {
+                    "type": "object",
+                    "required": ["code", "retryable"],
+                    "properties": {"code": {"enum": codes}, "retryable": {"type": "boolean"}},
+                    "additionalProperties": False,
+                },
+            },
+            "additionalProperties": False,
+        },
+    ]
+
+
+def envelope_schema(
+    tool: str,
+    *,
+    version: int,
+    description: str,
+    projection: Projection,
+    declares_not_found: bool,
+) -> dict[str, Any]:
+    """The tool's published envelope schema: exactly what the contract promises the agent.
+
+    Self-contained (no ``$ref`` leaves the document, see ``schemas.Projection``):
+    `data` holds the `[agent].fields` subschemas and nothing else of the output
+    schema. The ``$id`` names the tool and version and ends in a digest of the
+    content, so it changes whenever the content does: the TypeScript SDK v1
+    caches compiled validators by ``$id``, and a reload that changed a field's
+    schema must not be validated with the old one.
+    """
+    data = {
+        "type": "object",
+        "properties": dict(projection.properties),
+        "required": list(projection.required),
+        "additionalProperties": False,
+    }
+    codes = [c for c in CODES if c != "NOT_FOUND" or declares_not_found]
+    content: dict[str, Any] = {
+        "$schema": DRAFT_2020_12,
+        "title": f"{tool} v{version} result envelope",
+        "description": description,
+        "type": "object",
+        "oneOf": _branches(tool, data, codes),
+    }
+    if projection.defs:
+        content["$defs"] = dict(projection.defs)
+    digest = hashlib.sha256(orjson.dumps(content, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return {"$id": f"{ENVELOPE_BASE_URI}{tool}.v{version}.{digest[:16]}.json", **content}
+
+
+def envelope_guard_schema(published: Mapping[str, Any]) -> dict[str, Any]:
+    """The published envelope schema with each `data` field's value schema replaced by `true`.
+
+    Used by ``evaluate.seal`` on every response. It checks everything the
+    envelope adds (closed branches, tool, request_id, outcome, the exact set of
+    data fields, the error object) without validating the data values a second
+    time: each one is the very object stage 8 validated against the subschema
+    the published schema holds a copy of (``#/properties/<field>`` of the
+    output schema), so re-validating it would only cost time (18% of a 100 KB
+    call).
+    Tests and ``sshadapter check`` validate against the full published schema.
+    """
+    success, failure_branch = published["oneOf"]
+    data = success["properties"]["data"]
+    guarded_data = {**data, "properties": {name: True for name in data["properties"]}}
+    guarded_success = {**success, "properties": {**success["properties"], "data": guarded_data}}
+    return {"$schema": DRAFT_2020_12, "type": "object", "oneOf": [guarded_success, failure_branch]}
+
+
+SYSTEM_ENVELOPE_SCHEMA: Final[Mapping[str, Any]] = {
+    "$schema": DRAFT_2020_12,
+    "$id": f"{ENVELOPE_BASE_URI}{SYSTEM_TOOL}.json",
+    "title": "envelope for a request that names no known tool or cannot be parsed",
+    "type": "object",
+    "oneOf": _branches(SYSTEM_TOOL, {"not": {}}, ["INVALID_REQUEST", "OVERLOADED", "INTERNAL"]),
+}

@@ -1,0 +1,373 @@
+"""The daemon: the Unix socket, connection limits, its lifecycle, SIGHUP reload, SIGTERM drain.
+
+Reference: docs/protocol.md (the socket) and docs/operations.md (signals).
+Newline-delimited JSON, one response line per request line, in order, several
+requests per connection. The caller's identity comes from SO_PEERCRED and
+SO_PEERGROUPS, as of connect time.
+
+Lifecycle: STARTING -> SERVING -> DRAINING -> STOPPED. SIGTERM (or SIGINT)
+stops accepting connections and new requests, then waits, within
+``drain_timeout_seconds``, until every request already read has its answer
+written (or its client has gone). Past the deadline the calls still running are
+cancelled: each gets its result record (stage ``shutdown``), and the log names
+them. Then the SSH pools and the audit file are closed.
+
+``assemble.assemble`` builds a daemon from a configuration, the one wiring
+production and tests share; ``unix_socket`` binds the socket and names the peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import select
+import signal
+import socket
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sshadapter import __version__
+from sshadapter.config import Config
+from sshadapter.contract.registry import Registry, load_registry
+from sshadapter.daemon import systemd
+from sshadapter.daemon.audit import AuditLog, now_text
+from sshadapter.daemon.service import Service
+from sshadapter.daemon.unix_socket import SOCKET_BACKLOG, peer_of
+from sshadapter.dispatch import policy
+from sshadapter.errors import ConfigError, UpstreamError
+from sshadapter.runners.interface import Runner
+
+log = logging.getLogger(__name__)
+
+_SIGNALS: Final = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+# A large answer is written in slices of this size, each once the last has drained:
+# asyncio (3.11) copies whatever the socket does not take at once into its buffer, which
+# for a whole 8 MB answer is milliseconds in which the loop serves nobody else.
+WRITE_SLICE_BYTES: Final = 256 * 1024
+# After the drain deadline, how long a cut call has to deliver its INTERNAL answer.
+CUT_GRACE_SECONDS: Final = 1.0
+
+
+class State(enum.Enum):
+    STARTING = "starting"
+    SERVING = "serving"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+@dataclass(eq=False)
+class _Connection:
+    """One agent connection."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    gone: bool = False
+    """Its client closed it (both directions): it holds no max_connections slot any more,
+    though its handler may still be running a call the client asked for."""
+
+
+def _peers_gone(conns: list[_Connection]) -> list[_Connection]:
+    """The connections whose client has gone, as the kernel says now: one poll(2), no wait.
+
+    On a Unix stream socket POLLHUP means both directions are shut: the client closed
+    it (or shut down both sides) and can never read an answer. A client that only shut
+    its writing side (half-close, waiting for its answer) is still there.
+    """
+    poller = select.poll()
+    by_fd: dict[int, _Connection] = {}
+    gone: list[_Connection] = []
+    for conn in conns:
+        if conn.writer.transport.is_closing():  # ending (a failed write): no fd to ask about
+            gone.append(conn)
+            continue
+        fd = conn.writer.get_extra_info("socket").fileno()
+        by_fd[fd] = conn
+        poller.register(fd, 0)  # POLLHUP, POLLERR and POLLNVAL are reported to every mask
+    for fd, events in poller.poll(0):
+        if events & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+            gone.append(by_fd[fd])
+    return gone
+
+
+class Daemon:
+    """One running daemon: a listening socket, a Service, and its lifecycle."""
+
+    def __init__(self, config: Config, service: Service, runner: Runner, audit: AuditLog) -> None:
+        self.config = config
+        self.service = service
+        self.runner = runner
+        self.audit = audit
+        self.state = State.STARTING
+        self.ready = asyncio.Event()
+        """Set once serving: the socket accepts and READY=1 has been sent."""
+        self._connections: dict[asyncio.Task[None], _Connection] = {}
+        self._stopping = asyncio.Event()
+        self._server: asyncio.Server | None = None
+
+    async def serve(self, sock: socket.socket) -> None:
+        """Serve until SIGTERM/SIGINT, then drain in-flight calls and close."""
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        try:
+            await self.audit.append(
+                {
+                    "type": "start",
+                    "time": now_text(),
+                    "adapter_version": __version__,
+                    "pid": os.getpid(),
+                    "tools": sorted(self.service.registry.operations),
+                }
+            )
+            self._server = await asyncio.start_unix_server(
+                self._accept,
+                sock=sock,
+                limit=self.config.server.max_request_bytes + 1,
+                backlog=SOCKET_BACKLOG,
+            )
+            warming = [asyncio.create_task(self._warm(alias)) for alias in self.config.hosts]
+            if self.service.dispatch is not None:
+                warming.append(asyncio.create_task(self.service.dispatch.watch()))
+            self.state = State.SERVING
+            self.ready.set()
+            systemd.notify("READY=1")
+            log.info(
+                "serving %d tools on %s", len(self.service.registry.operations), sock.getsockname()
+            )
+            await self._stopping.wait()
+            for task in warming:
+                task.cancel()
+            if self.service.dispatch is not None:
+                await self.service.dispatch.close()
+            await self.shutdown()
+        finally:
+            for sig in _SIGNALS:
+                loop.remove_signal_handler(sig)
+            self.state = State.STOPPED
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def shutdown(self) -> None:
+        """Drain: no new connections or requests; calls already read get their answers."""
+        self.state = State.DRAINING
+        systemd.notify("STOPPING=1")
+        if self._server is not None:
+            self._server.close()  # stop accepting; connections already open keep going
+        for conn in self._connections.values():
+            # No more bytes from any client; what is already buffered is still read (and
+            # answered OVERLOADED), then each connection sees the end and closes.
+            if isinstance(transport := conn.writer.transport, asyncio.ReadTransport):
+                transport.pause_reading()
+            conn.reader.feed_eof()
+        deadline = self.config.server.drain_timeout_seconds
+        tasks = list(self._connections)
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=deadline)
+            if late:
+                self._cut(late, deadline)
+                _, late = await asyncio.wait(late, timeout=CUT_GRACE_SECONDS)
+                for task in late:  # could not even deliver the INTERNAL answer in time
+                    task.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
+        await self.runner.close()
+        await self.service.judge.close()
+        self.audit.close()
+
+    def _cut(self, late: set[asyncio.Task[None]], deadline: float) -> None:
+        """Past the drain deadline: name the calls still running, then cancel them.
+
+        Each cancelled call writes its result record (stage `shutdown`) and answers
+        INTERNAL (see Service.cut_on_cancel).
+        """
+        running = sorted(self.service.calls.items())
+        log.warning(
+            "drain deadline of %gs passed: cutting %d calls: %s",
+            deadline,
+            len(running),
+            ", ".join(f"{rid} ({call.op.name})" for rid, call in running) or "none running",
+        )
+        self.service.cut_on_cancel = True
+        for task in late:
+            task.cancel()
+
+    def reload(self) -> None:
+        """SIGHUP: reload commands and schemas whole; a bad set keeps the old one running.
+
+        The configuration file itself (hosts, limits, paths) is read at start only.
+        """
+        if self.state is not State.SERVING:
+            return
+        systemd.notify("RELOADING=1")
+        try:
+            self._reload()
+        finally:  # systemctl reload waits for it: it must come, whatever happened
+            systemd.notify("READY=1")
+
+    def _reload(self) -> None:
+        try:
+            registry, policies = load(self.config)
+        except ConfigError as exc:
+            log.error(
+                "reload refused, keeping %d tools: %s", len(self.service.registry.operations), exc
+            )
+            self.service.metrics.reloads.labels("failure").inc()
+        else:
+            self.service.install(registry)
+            if self.service.dispatch is not None:  # hosts first, then the reload: check them
+                self.service.dispatch.expect(policies)
+                self.service.dispatch.check_soon()
+            self.service.metrics.reloads.labels("success").inc()
+            log.info("reloaded %d tools", len(registry.operations))
+        try:
+            self.audit.reopen()
+        except (ConfigError, OSError) as exc:
+            log.error("audit log not reopened, still writing the old file: %s", exc)
+
+    async def _warm(self, alias: str) -> None:
+        """Open the first connection before the first call needs it; a failure is only logged.
+
+        A dispatch host is then asked for its policy (sshadapter/daemon/drift.py).
+        """
+        try:
+            await self.runner.warm(alias)
+        except UpstreamError as exc:
+            log.warning("host %s not reachable yet: %s", alias, exc)
+        monitor = self.service.dispatch
+        if monitor is not None and alias in monitor.hosts:
+            await monitor.check(alias)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        drops = self.service.metrics.client_drops
+        if self._live_connections() >= self.config.server.max_connections:
+            drops.labels("connection_limit").inc()
+            writer.write(self.service.refuse("OVERLOADED"))
+            await _close(writer)
+            return
+        conn = _Connection(reader, writer)
+        self._connections[task] = conn
+        try:
+            await self._converse(conn, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away
+        except asyncio.CancelledError:
+            # shutdown() cancels what is still running past the drain deadline. The task
+            # ends normally: Python 3.11's start_unix_server calls exception() on a cancelled
+            # handler task and logs a traceback (3.12 does not).
+            pass
+        except Exception:  # a bug: logged; the daemon keeps serving everyone else
+            log.exception("agent connection failed")
+        finally:
+            self._connections.pop(task, None)
+            await _close(writer)
+
+    def _live_connections(self) -> int:
+        """Connections counted against max_connections: those whose client is still there.
+
+        A connection whose client has closed it holds no slot, though its handler has not
+        noticed yet: one taken from the listen backlog after its client gave up (a loop
+        busy with large answers accepts a burst late, and the closed ones queued before
+        a live client would take the slots it needs), or one whose call is still running
+        (the call runs to its end and is audited; its answer has nobody to go to).
+        Asked of the kernel only at the limit.
+        """
+        counted = [conn for conn in self._connections.values() if not conn.gone]
+        if len(counted) < self.config.server.max_connections:
+            return len(counted)
+        for conn in _peers_gone(counted):
+            conn.gone = True
+        return sum(not conn.gone for conn in counted)
+
+    async def _converse(self, conn: _Connection, writer: asyncio.StreamWriter) -> None:
+        """Requests in order, one at a time; idle, stalled and non-reading clients are dropped."""
+        reader, server = conn.reader, self.config.server
+        drops = self.service.metrics.client_drops
+        peer = peer_of(writer.get_extra_info("socket"))
+        loop = asyncio.get_running_loop()
+        while True:  # during the drain, until the bytes already read run out
+            first = b""
+            try:
+                # One timeout per request (asyncio.timeout, not wait_for: no extra Task):
+                # the idle timeout until its first byte, then the read timeout for the rest.
+                async with asyncio.timeout(server.idle_timeout_seconds) as limit:
+                    first = await reader.readexactly(1)
+                    rest = b""
+                    if first != b"\n":
+                        limit.reschedule(loop.time() + server.read_timeout_seconds)
+                        rest = await reader.readuntil(b"\n")
+            except TimeoutError:
+                drops.labels("read_timeout" if first else "idle_timeout").inc()
+                return
+            except asyncio.IncompleteReadError:
+                return  # gone, or nothing left to read once the drain began
+            except asyncio.LimitOverrunError:
+                # Over max_request_bytes without a newline: answer, then drop the connection
+                # since the rest of the line cannot be told apart from a next request.
+                drops.labels("request_too_large").inc()
+                writer.write(self.service.refuse("INVALID_REQUEST"))
+                await self._deliver(writer)
+                return
+            if self.state is State.SERVING:
+                response = await self.service.handle((first + rest).rstrip(b"\n"), peer)
+            else:  # read while the drain began: nothing ran; another daemon will answer it
+                response = self.service.refuse("OVERLOADED")
+            delivered = await self._answer(writer, response)
+            del response  # orjson's buffer is ~4x the response: not kept while the next is read
+            if not delivered:
+                return
+
+    async def _answer(self, writer: asyncio.StreamWriter, response: bytes) -> bool:
+        """Write one answer; a large one in slices, so the loop never copies it whole."""
+        if len(response) <= WRITE_SLICE_BYTES:
+            writer.write(response)
+            return await self._deliver(writer)
+        view = memoryview(response)
+        try:
+            async with asyncio.timeout(self.config.server.write_timeout_seconds):
+                for start in range(0, len(view), WRITE_SLICE_BYTES):
+                    writer.write(view[start : start + WRITE_SLICE_BYTES])
+                    await writer.drain()
+        except TimeoutError:
+            return self._dropped_slow_reader(writer)
+        return True
+
+    async def _deliver(self, writer: asyncio.StreamWriter) -> bool:
+        """Wait until the client has taken the answer; drop a client that does not."""
+        if not writer.transport.get_write_buffer_size():
+            return True  # the kernel took all of it already: the usual case, nothing to wait for
+        try:
+            async with asyncio.timeout(self.config.server.write_timeout_seconds):
+                await writer.drain()
+        except TimeoutError:
+            return self._dropped_slow_reader(writer)
+        return True
+
+    def _dropped_slow_reader(self, writer: asyncio.StreamWriter) -> bool:
+        self.service.metrics.client_drops.labels("write_timeout").inc()
+        log.info("agent connection dropped: its answer not read in time")
+        writer.transport.abort()  # releases the buffered answer now
+        return False
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    with contextlib.suppress(ConnectionError, OSError):
+        await writer.wait_closed()
+
+
+def load(config: Config) -> tuple[Registry, dict[str, dict[str, Any]]]:
+    """The configuration's registry and each dispatch host's policy, or ConfigError: all
+    or nothing, at start and at every reload."""
+    registry = load_registry(
+        config.paths.commands,
+        config.paths.schemas,
+        hosts=config.hosts.keys(),
+        dispatch_hosts=policy.dispatch_hosts(config),
+    )
+    return registry, policy.host_policies(registry)

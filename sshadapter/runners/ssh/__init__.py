@@ -1,0 +1,4 @@
+"""The production runner: asyncssh, one pooled connection per host.
+
+``runner.SshRunner`` is the runner the daemon uses.
+"""

@@ -1,0 +1,129 @@
+"""The production runner: operator-defined commands over pooled asyncssh connections.
+
+Reference: docs/protocol.md "Stages" (5) and docs/operations.md "SSH". Each command runs on
+its own session channel with no PTY, no environment, stdin closed at once, and
+stdout/stderr capped as each packet arrives: past a cap the remote command is
+killed, the channel closed, and the result carries ``cap + 1`` bytes (proof
+that the cap was exceeded) and no exit status.
+
+Security (docs/operations.md "Hosts"): host keys are checked strictly against
+the host's ``known_hosts`` file and nothing else; there is no switch to turn
+that off. Client keys come from ``client_keys`` files or a systemd credential;
+no agent, no agent or X11 forwarding, no ``~/.ssh/config``, public key
+authentication only. Key material never appears in logs, errors or reprs.
+
+Pooling, per host alias: at most ``max_connections`` connections, each with at
+most ``max_channels_per_connection`` channels (below sshd's ``MaxSessions 10``,
+which frees sessions late). A connection is opened only when every open one is
+full, and at most one connect is in flight per host (sshd's ``MaxStartups``
+drops bursts of new connections). Callers beyond capacity wait.
+
+Errors: every asyncssh and OS exception becomes an ``UpstreamError`` in
+``translate.translate`` and nowhere else (CONTRIBUTING.md: errors by blame, mapped in one place).
+
+The parts: ``pool`` (connections per host, channel slots, retries), ``dial``
+(one pinned, authenticated connection: keys and known_hosts), ``session`` (one
+command's capped channel), ``spare`` (channels opened ahead of need) and
+``exec_gate``, alone because it patches asyncssh's one private method we rely on:
+review it on every asyncssh upgrade.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from sshadapter.config import HostSection
+from sshadapter.errors import UpstreamError
+from sshadapter.runners.interface import RunResult
+from sshadapter.runners.ssh.pool import Pool
+from sshadapter.runners.ssh.session import Session
+from sshadapter.runners.ssh.translate import translate
+
+
+class SshRunner:
+    """Runs commands on configured hosts over pooled SSH connections (the Runner protocol).
+
+    Client keys are read once, at the first connection to each host, without a
+    passphrase: a passphrase-protected key is not supported (the daemon has no
+    safe place to keep the passphrase; use a systemd credential instead).
+    """
+
+    def __init__(
+        self,
+        hosts: Mapping[str, HostSection],
+        *,
+        credentials_dir: Path | None = None,
+        on_connect_failure: Callable[[str, str], None] | None = None,
+    ) -> None:
+        """``on_connect_failure(alias, reason)`` is called once per failed connect (a metric)."""
+        if credentials_dir is None and os.environ.get("CREDENTIALS_DIRECTORY"):
+            credentials_dir = Path(os.environ["CREDENTIALS_DIRECTORY"])
+        self._pools = {
+            alias: Pool(alias, section, credentials_dir, on_connect_failure)
+            for alias, section in hosts.items()
+        }
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"SshRunner(hosts={sorted(self._pools)!r})"
+
+    async def run(
+        self, host: str, command: str, *, timeout: float, max_stdout: int, max_stderr: int
+    ) -> RunResult:
+        """Run ``command`` on ``host``; the timeout covers waiting, connecting and running."""
+        if not command:
+            raise ValueError("an empty command would open a login shell")  # a bug, not input
+        pool = self._pool(host)
+        started = time.monotonic()
+        attempts: list[Session] = []  # one per channel open: did any get as far as running?
+        session: Session | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                session = await pool.open_session(command, max_stdout, max_stderr, attempts)
+                await session.finished
+            if self._closed and session.exit_status is None and not session.over_cap:
+                raise UpstreamError("pool_closed", retryable=False, ran=True)
+            if session.error is not None:
+                raise translate(session.error, ran=True) from session.error
+            return RunResult(
+                stdout=bytes(session.stdout),
+                stderr=bytes(session.stderr),
+                exit_status=session.result_status(),
+                duration_seconds=time.monotonic() - started,
+            )
+        except TimeoutError as exc:
+            raise translate(exc, ran=any(s.channel_opened for s in attempts)) from exc
+        finally:
+            if session is not None:
+                session.stop()  # a no-op once the channel has closed by itself
+
+    async def warm(self, host: str) -> None:
+        """Open one connection to ``host`` ahead of the first call; raises like run()."""
+        pool = self._pool(host)
+        if pool.open_connections:
+            return
+        conn, reserved = await pool.acquire(avoid=None)
+        if reserved:
+            pool.release(conn)
+
+    async def close(self) -> None:
+        """Close every connection; later calls raise UpstreamError("pool_closed")."""
+        self._closed = True
+        await asyncio.gather(*(pool.close() for pool in self._pools.values()))
+
+    def connections(self) -> dict[str, int]:
+        """Open connections per host alias, for the ``sshadapter_ssh_connections`` gauge."""
+        return {alias: pool.open_connections for alias, pool in self._pools.items()}
+
+    def _pool(self, host: str) -> Pool:
+        if self._closed:
+            raise UpstreamError("pool_closed", retryable=False, ran=False)
+        try:
+            return self._pools[host]
+        except KeyError:
+            # The command loader checks every alias against the config: this is a bug.
+            raise ValueError(f"unknown host alias {host!r}") from None
