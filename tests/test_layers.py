@@ -20,7 +20,7 @@ HOST_PROGRAM = "sshadapter.dispatch.dispatcher"  # shipped as a file, never impo
 # The root modules every part may use: they import only one another.
 LEAVES = frozenset(
     f"sshadapter{name}"
-    for name in ("", ".errors", ".strict_json", ".config", ".bounded_read", ".client")
+    for name in ("", ".errors", ".rfc8259", ".strict_json", ".config", ".bounded_read", ".client")
 )
 # What each part may import besides itself and the leaves. The seam's value type
 # (runners.interface.RunResult) is what the contract judges, so it may use that module.
@@ -36,6 +36,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 MCP_ALLOWED = frozenset(
     {
         "sshadapter",
+        "sshadapter.rfc8259",
         "sshadapter.strict_json",
         "sshadapter.client",
         "sshadapter.contract",

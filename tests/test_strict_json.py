@@ -19,6 +19,7 @@ from shared_data import find_shared
 
 from sshadapter import strict_json
 from sshadapter.errors import EVIDENCE_REASONS
+from sshadapter.rfc8259 import _reference_parse
 from sshadapter.strict_json import (
     DEFAULT_MAX_DEPTH,
     EXPLAIN_MAX_BYTES,
@@ -26,7 +27,6 @@ from sshadapter.strict_json import (
     ORJSON_MAX_BYTES,
     REASONS,
     StrictJSONError,
-    _reference_parse,
     strict_loads,
 )
 
