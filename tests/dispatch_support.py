@@ -30,9 +30,12 @@ HOSTS = ("ci", "local")
 
 def shipped_registry(dispatch_hosts: tuple[str, ...] = HOSTS) -> Registry:
     """The shipped commands and schemas, with the given hosts behind a dispatcher."""
-    return load_registry(
-        ROOT / "commands", ROOT / "schemas", hosts=HOSTS, dispatch_hosts=dispatch_hosts
-    )
+    return registry_of(ROOT / "commands", ROOT / "schemas", dispatch_hosts)
+
+
+def registry_of(commands: Path, schemas: Path, dispatch_hosts: tuple[str, ...] = HOSTS) -> Registry:
+    """The operations of ``commands`` and ``schemas``, with the given hosts behind a dispatcher."""
+    return load_registry(commands, schemas, hosts=HOSTS, dispatch_hosts=dispatch_hosts)
 
 
 def policy_for(registry: Registry, op: Operation) -> dict[str, Any]:

@@ -331,8 +331,9 @@ def test_full_disk_leaves_the_log_at_a_record_boundary(tiny_disk: Path) -> None:
 
 
 def test_full_audit_disk_fails_calls_closed_and_recovers(tiny_disk: Path, tmp_path: Path) -> None:
-    """A daemon whose audit disk fills: INTERNAL and nothing runs; after space returns, a call
-    succeeds and `audit verify` finds every call with its intent."""
+    """A full audit disk fails calls closed (INTERNAL, nothing runs) until space returns.
+
+    Then a call succeeds and `audit verify` finds every call with its intent."""
     audit = tiny_disk / "audit.jsonl"
     runner = ScriptedRunner({JOB_COMMAND: RunResult(orjson.dumps(JOB_OUT), b"", 0)})
 

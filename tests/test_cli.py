@@ -332,8 +332,9 @@ def test_serve_start_up_errors_are_one_line_and_exit_2(tmp_path: Path, case: str
 
 
 def test_a_schema_miss_shows_the_detail_and_both_paths(examples: Path) -> None:
-    """A fixture rejected at the schema stage: the table and --json give the validator's reason
-    and the schema and instance paths, not only `schema_mismatch`."""
+    """A schema miss shows the validator's reason and both paths, not only `schema_mismatch`.
+
+    For a fixture rejected at the schema stage, in the table and in --json."""
     out = examples / "commands" / "job_run_status.fixtures" / "failed_recent.stdout"
     edit_json(out, lambda v: v.update(run_id=7))
     done = run_cli("check", cwd=examples)

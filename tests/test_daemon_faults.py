@@ -482,8 +482,9 @@ def blob(size: int) -> dict[str, Any]:
 def test_clients_that_never_read_their_answers_are_dropped(
     tmp_path: Path, faults: FaultServer
 ) -> None:
-    """Ten clients ask for 4 MB and never read: each is dropped at the write timeout, counted,
-    and its buffered answer released; the daemon keeps serving."""
+    """Clients that never read their 4 MB answers are dropped at the write timeout and counted.
+
+    Ten of them: each buffered answer is released, and the daemon keeps serving."""
 
     async def body(d: Running) -> None:
         writers = []
@@ -535,8 +536,10 @@ class WatchedJudge(Judge):
 def test_the_loop_keeps_serving_while_a_large_output_is_judged(
     tmp_path: Path, faults: FaultServer, workers: int
 ) -> None:
-    """An 8 MB output is judged off the event loop: the loop turns (other calls are served)
-    for the whole time its parse, schema and envelope take; a small one stays in the loop."""
+    """An 8 MB output is judged off the event loop; a small one stays in the loop.
+
+    The loop turns (other calls are served) for the whole time its parse, schema and envelope
+    take."""
     judge = WatchedJudge(workers)
 
     async def body(d: Running) -> None:
@@ -579,8 +582,9 @@ def test_a_large_output_judged_in_a_worker_is_judged_as_in_the_daemon(
 def test_a_killed_evaluation_worker_costs_no_answer(
     tmp_path: Path, faults: FaultServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The worker judging a large output is killed: the daemon judges it itself, answers, and
-    starts a new worker for the next one."""
+    """A killed worker costs no answer: the daemon judges its output itself and answers.
+
+    It starts a new worker for the next large output."""
 
     async def body(d: Running) -> None:
         await d.ask(blob(100_000))  # the worker is up
@@ -613,9 +617,10 @@ def exited(pid_process: multiprocessing.process.BaseProcess, seconds: float) -> 
 def test_a_worker_killed_under_three_waiting_calls_leaves_offloading_on(
     tmp_path: Path, faults: FaultServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """kill -9 of the worker with three large calls waiting counts one pool failure, not
-    three: all three are judged again in the new worker, and later large outputs still go
-    to a worker."""
+    """kill -9 of the worker under three waiting large calls counts one pool failure, not three.
+
+    All three are judged again in the new worker, and later large outputs still go to a
+    worker."""
     judge = WatchedJudge(1)
 
     async def body(d: Running) -> None:
@@ -649,9 +654,10 @@ STUCK_TIMEOUT_SECONDS = 2.0  # the judge's bound in these tests (default 20 s)
 def test_a_stopped_worker_gives_a_bounded_closed_failure_and_is_replaced(
     tmp_path: Path, faults: FaultServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A SIGSTOPped worker: the large call is answered INTERNAL (evaluation_timeout) after
-    the judge's bound, audited; the stopped worker is killed and the next output is judged
-    in a new one."""
+    """A SIGSTOPped worker's large call is answered INTERNAL (evaluation_timeout) and audited.
+
+    The answer comes after the judge's bound; the stopped worker is killed and the next output
+    is judged in a new one."""
     judge = Judge(1, timeout_seconds=STUCK_TIMEOUT_SECONDS)
 
     async def body(d: Running) -> None:
@@ -697,8 +703,10 @@ def _workers_of(pid: int) -> list[int]:
 
 
 def test_sigterm_ends_a_daemon_whose_worker_is_stopped(tmp_path: Path, faults: FaultServer) -> None:
-    """A `sshadapter serve` whose worker is SIGSTOPped under a large call: SIGTERM ends it
-    within drain_timeout_seconds plus a small grace, the call answered closed."""
+    """SIGTERM ends a daemon whose worker is stopped, the large call answered closed.
+
+    A `sshadapter serve` whose worker is SIGSTOPped under a large call ends within
+    drain_timeout_seconds plus a small grace."""
     commands, schemas = contract(tmp_path)
     (commands / "blob.toml").write_text(BLOB_TOML.format(host="healthy"))
     (schemas / "blob.v1.json").write_text(json.dumps(BLOB_SCHEMA))
@@ -776,8 +784,10 @@ def test_workers_that_cannot_start_cost_no_answer_and_no_reload(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Every pool breaks: large outputs are judged in the daemon, offloading is given up after
-    MAX_POOL_FAILURES with one error, and SIGHUP still ends in READY=1 for systemctl."""
+    """Workers that cannot start cost no answer and no reload: the daemon judges large outputs.
+
+    Every pool breaks; offloading is given up after MAX_POOL_FAILURES with one error, and
+    SIGHUP still ends in READY=1 for systemctl."""
     monkeypatch.setattr(offload, "_new_pool", _pool_of_workers_that_exit)
     notified: list[str] = []
 

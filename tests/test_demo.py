@@ -13,9 +13,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_demo_shows_accepted_and_rejected_results_and_cleans_up() -> None:
-    """The demo prints envelopes for real and scripted calls, a stolen key refused by the
-    dispatcher next to an allowed command, the counters, an MCP session, and leaves nothing
-    behind."""
+    """The demo shows envelopes, a refused stolen key, counters and an MCP session, then cleans up.
+
+    Envelopes for real and scripted calls, a stolen key refused by the dispatcher next to an
+    allowed command, the counters, an MCP session listing every shipped tool; nothing is left
+    behind.
+    """
     before = set(Path(tempfile.gettempdir()).glob("sshadapter-demo-*"))
     done = subprocess.run(
         [sys.executable, "-m", "sshadapter.cli", "demo"],
@@ -62,7 +65,11 @@ def test_demo_shows_accepted_and_rejected_results_and_cleans_up() -> None:
         "tools/call",
     ]
     answers = [line[2:] for line in lines if line.startswith("< ")]
-    assert answers[1].startswith("7 tools, each with its input and output schema: deploy_status")
+    shipped = sorted(path.stem for path in (ROOT / "commands").glob("*.toml"))
+    listed = f"{len(shipped)} tools, each with its input and output schema: "
+    assert answers[1].startswith(listed), answers[1]
+    names = answers[1].removeprefix(listed).replace(" (read-only)", "").split(", ")
+    assert sorted(names) == shipped  # every shipped operation, whatever their number
     success, failure = (json.loads(a.split(": ", 1)[1]) for a in answers[2:])
     assert answers[2].startswith("isError false") and success["outcome"] == "success"
     assert answers[3].startswith("isError true")

@@ -156,11 +156,16 @@ def test_any_other_spelling_is_refused(command: str) -> None:
 @pytest.mark.parametrize("op", OPERATIONS, ids=lambda op: op.name)
 def test_every_fixtures_arguments_pass_with_the_daemons_argv(op: Any) -> None:
     """The arguments of every fixture are accepted as exactly the argv the daemon means."""
+    assert_fixture_arguments_pass(REGISTRY, op)
+
+
+def assert_fixture_arguments_pass(registry: Registry, op: Any) -> None:
+    """Every fixture of ``op`` has arguments its host's policy maps to the daemon's argv."""
     cases = load_fixtures(op) or []
     assert cases, f"{op.name} has no fixtures"
     for fixture in cases:
         command = op.command(fixture.args)
-        name, argv = dispatcher.decide(command.encode(), policy_for(REGISTRY, op))
+        name, argv = dispatcher.decide(command.encode(), policy_for(registry, op))
         assert (name, argv) == (op.name, op.argv.argv(fixture.args))
 
 
@@ -169,8 +174,13 @@ def test_every_fixtures_arguments_pass_with_the_daemons_argv(op: Any) -> None:
 @given(data=st.data())
 def test_random_valid_arguments_give_the_daemons_argv(op: Any, data: st.DataObject) -> None:
     """For random arguments the daemon accepts, the host runs exactly the daemon's argv."""
+    assert_valid_arguments_pass(REGISTRY, op, data)
+
+
+def assert_valid_arguments_pass(registry: Registry, op: Any, data: st.DataObject) -> None:
+    """Arguments drawn from ``op``'s parameter schemas run as exactly the daemon's argv."""
     args = data.draw(valid_args(op))
-    name, argv = dispatcher.decide(op.command(args).encode(), policy_for(REGISTRY, op))
+    name, argv = dispatcher.decide(op.command(args).encode(), policy_for(registry, op))
     assert (name, argv) == (op.name, op.argv.argv(args))
 
 
@@ -203,10 +213,15 @@ def test_a_mutated_command_passes_only_if_the_daemon_could_have_sent_it(
     op: Any, data: st.DataObject
 ) -> None:
     """Random edits of a valid command: refused, unless the daemon would send that exact text."""
+    assert_a_mutated_command_is_refused(REGISTRY, op, data)
+
+
+def assert_a_mutated_command_is_refused(registry: Registry, op: Any, data: st.DataObject) -> None:
+    """An edit of a valid command of ``op`` passes only as a command the daemon could send."""
     args = data.draw(valid_args(op))
     command = data.draw(_mutated(op.command(args)))
-    expected = daemon_would_send(REGISTRY, op.spec.host, command)
-    host_policy = policy_for(REGISTRY, op)
+    expected = daemon_would_send(registry, op.spec.host, command)
+    host_policy = policy_for(registry, op)
     try:
         name, argv = dispatcher.decide(command.encode("utf-8", "surrogatepass"), host_policy)
     except dispatcher.Refused as exc:
@@ -432,8 +447,10 @@ def _refused_with(path: Path | str, reason: str, *, log: Path, owner: str | None
 
 
 def test_a_policy_anyone_but_root_could_change_is_refused(tmp_path: Path) -> None:
-    """StrictModes for the policy: a write bit for group or others, on the file or any
-    directory above it, a symbolic link, or a relative path: policy_unsafe, logged by path."""
+    """StrictModes for the policy: one anyone but root could change is refused as policy_unsafe.
+
+    A write bit for group or others, on the file or any directory above it, a symbolic link,
+    or a relative path: refused, logged by path."""
     good = write_policy(tmp_path / "policy.json", POLICIES["local"])
     assert run_dispatcher(good, "cat /proc/loadavg").returncode == 0
     log = tmp_path / "log"
@@ -478,7 +495,8 @@ def test_a_policy_anyone_but_root_could_change_is_refused(tmp_path: Path) -> Non
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another owner needs root")
 def test_a_policy_owned_by_another_account_is_refused(tmp_path: Path) -> None:
-    """Owned by the login account (or anyone but root): refused, the file or a directory;
+    """A policy owned by the login account (or anyone but root) is refused, file or directory.
+
     --policy-owner in the forced command (root's) names one more owner, for tests."""
     log = tmp_path / "log"
     policy_file = write_policy(tmp_path / "policy.json", POLICIES["local"])

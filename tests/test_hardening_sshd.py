@@ -257,8 +257,10 @@ def test_past_the_drain_deadline_a_call_is_cut_answered_and_audited(
 def test_a_nul_argument_is_refused_and_the_shared_connection_survives(
     sshd: Sshd, tmp_path: Path
 ) -> None:
-    """NUL passes a free-text pattern but never reaches sshd: 4 calls sharing its connection
-    succeed, and the NUL call itself is INVALID_REQUEST, not retryable."""
+    """A NUL argument passes a free-text pattern but never reaches sshd.
+
+    4 calls sharing its connection succeed, and the NUL call itself is INVALID_REQUEST, not
+    retryable."""
     commands, schemas = contract(tmp_path)
     hosts = {"ci": sshd.host_section()}
     runner = SshRunner(hosts)

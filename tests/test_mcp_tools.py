@@ -55,9 +55,13 @@ def test_bridge_envelopes_pass_every_tools_published_schema(
     name: str, code: str, retryable: bool
 ) -> None:
     """A strict client validates even failures: the bridge's own must fit the outputSchema."""
-    op = REGISTRY.operations[name]
-    assert op.envelope_validator.is_valid(bridge_envelope(name, code, retryable))
-    assert op.envelope_validator.is_valid(bridge_envelope(name, code, not retryable))
+    assert_bridge_envelopes_fit(REGISTRY.operations[name], code, retryable)
+
+
+def assert_bridge_envelopes_fit(op: registry.Operation, code: str, retryable: bool) -> None:
+    """The bridge's failure envelopes for ``op``, retryable or not, pass its envelope schema."""
+    assert op.envelope_validator.is_valid(bridge_envelope(op.name, code, retryable))
+    assert op.envelope_validator.is_valid(bridge_envelope(op.name, code, not retryable))
 
 
 @pytest.mark.parametrize("read_only", [True, False])

@@ -138,6 +138,7 @@ def root_commands(blocks: list[Block]) -> list[str]:
 
 
 def test_every_code_block_is_marked_and_every_root_command_pinned() -> None:
+    """Each code block of the guide has its marker, and each root command says how it is tested."""
     blocks = guide_blocks()
     fences = [line for line in guide_text().splitlines() if line.lstrip().startswith("```")]
     assert len(fences) == 2 * len(blocks), "a code block without a guide: marker"
@@ -260,6 +261,7 @@ def walk(tmp_path: Path) -> Iterator[Walkthrough]:
 
 
 def test_the_guide_from_adding_a_host_to_reading_the_audit(walk: Walkthrough) -> None:
+    """The guide, run block by block on sshd from adding a host to the audit, shows what it says."""
     walk.tmpfiles()
 
     # Add a host: a key, its authorized_keys line, the host key checked out of band.

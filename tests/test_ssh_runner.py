@@ -488,8 +488,9 @@ def test_the_spare_channel_gate_fits_this_asyncssh() -> None:
 
 
 def test_calls_go_out_on_spare_channels_and_nothing_runs_before(faults: FaultServer) -> None:
-    """A warmed pool holds a spare channel that runs nothing; each call takes one (sending only
-    its exec request) and the pool opens the next."""
+    """A warmed pool holds a spare channel that runs nothing, and each call takes one.
+
+    A call sends only its exec request on it, and the pool opens the next."""
 
     async def body(runner: SshRunner) -> tuple[list[str], list[bytes], int]:
         faults.commands_seen.clear()

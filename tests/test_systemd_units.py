@@ -225,6 +225,7 @@ def test_the_guides_drop_ins_verify_and_keep_the_rating(installed: Path, tmp_pat
 
 
 def test_sysusers_and_tmpfiles_make_what_the_guide_lists(installed: Path) -> None:
+    """sysusers makes the account and groups, tmpfiles the directories with the guide's modes."""
     passwd = {
         line.split(":")[0]: line.split(":")
         for line in (installed / "etc/passwd").read_text().splitlines()
@@ -249,6 +250,7 @@ def test_sysusers_and_tmpfiles_make_what_the_guide_lists(installed: Path) -> Non
 
 
 def test_enable_wires_socket_and_service(installed: Path) -> None:
+    """`systemctl enable` links the socket into sockets.target and the service into multi-user."""
     wants = installed / "etc/systemd/system"
     assert (wants / "sockets.target.wants" / SOCKET).is_symlink()
     assert (wants / "multi-user.target.wants" / SERVICE).is_symlink()
