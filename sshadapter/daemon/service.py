@@ -178,6 +178,17 @@ class Service:
             return self._system_answer(request_id, "INTERNAL", started)
         return await self._call(op, request.args, peer, request_id)
 
+    @property
+    def tool_names(self) -> list[str]:
+        """The tools served now, sorted."""
+        return sorted(self.registry.operations)
+
+    def cut(self) -> list[str]:
+        """Past the drain deadline: from now on a cancelled call answers INTERNAL (the
+        drain's cut, not a caller's). The calls running now, as ``<request id> (<tool>)``."""
+        self.cut_on_cancel = True
+        return [f"{rid} ({call.op.name})" for rid, call in sorted(self.calls.items())]
+
     def tools_for(self, peer: Peer) -> list[Mapping[str, Any]]:
         return [
             op.list_entry
