@@ -283,13 +283,12 @@ async def run_demo(out: Callable[[str], None] = print) -> int:
             policy.canonical_json(policy.host_policies(registry)["local"])
         )
         daemon = assemble(config)
-        service = daemon.service
         sock = bind_socket(config.server.socket_path, 0o600, "")
         serving = asyncio.create_task(daemon.serve(sock))
         out(
             f"sshadapter demo: SSH targets ci on 127.0.0.1:{ci_port} and local on "
             f"127.0.0.1:{local_port} (behind sshadapter-dispatch), daemon on "
-            f"{config.server.socket_path}, {len(service.registry.operations)} tools\n"
+            f"{config.server.socket_path}, {len(daemon.service.tool_names)} tools\n"
         )
         try:
             for why, tool, args in CALLS:
@@ -304,7 +303,7 @@ async def run_demo(out: Callable[[str], None] = print) -> int:
                 out("")
             await _raw_commands(hosts["local"], dispatch_host, out)
             out("the counters an operator scrapes (rejections, and policy checks of local):")
-            for line in service.metrics.exposition().decode().splitlines():
+            for line in daemon.metrics.exposition().decode().splitlines():
                 if line.startswith(("sshadapter_rejections_total", "sshadapter_dispatch_policy")):
                     out("  " + line)
             out("")

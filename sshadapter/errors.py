@@ -257,13 +257,17 @@ class Failure:
     code: str
     """From the closed list of docs/protocol.md "Error codes"."""
     retryable: bool
+    """Whether the agent may try again (the envelope's ``retryable``)."""
     stage: Stage
+    """Where it failed (docs/protocol.md "Stages"): audit field and metric label."""
     reason: str
-    """From the finite list of its stage."""
+    """From the finite list of its stage: audit field and metric label."""
     detail: str = ""
     """Free text for the audit trail: never for the agent."""
     schema_path: str = ""
+    """For a schema failure, the JSON pointer into the schema; else empty."""
     instance_path: str = ""
+    """The JSON pointer into the value that failed (schema, semantic); else empty."""
 
 
 def failure_of(exc: BaseException) -> Failure:

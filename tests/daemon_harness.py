@@ -22,12 +22,10 @@ from sshadapter.config import (
 )
 from sshadapter.daemon.assemble import assemble
 from sshadapter.daemon.audit import FsyncPolicy
-from sshadapter.daemon.drift import PolicyMonitor
 from sshadapter.daemon.offload import Judge
 from sshadapter.daemon.server import Daemon
 from sshadapter.daemon.service import Service
 from sshadapter.daemon.unix_socket import bind_socket
-from sshadapter.dispatch import policy
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 
@@ -144,11 +142,9 @@ def with_daemon(
             ),
         )
         use = None if ssh else runner or job_runner()
-        daemon = assemble(config, runner=use, clock=lambda: NOW, judge=judge)
-        if dispatch_clock is not None:  # the monitor assemble made, with the test's clock
-            monitor = PolicyMonitor(daemon.runner, daemon.service.metrics, clock=dispatch_clock)
-            monitor.expect(policy.host_policies(daemon.service.registry))
-            daemon.service.dispatch = monitor
+        daemon = assemble(
+            config, runner=use, clock=lambda: NOW, judge=judge, dispatch_clock=dispatch_clock
+        )
         sock = bind_socket(socket_path, socket_mode, "")
         task = asyncio.create_task(daemon.serve(sock))
         ready = asyncio.create_task(daemon.ready.wait())

@@ -179,7 +179,8 @@ def test_status_77_without_the_line_or_off_a_dispatch_host_is_an_invalid_respons
     from daemon_harness import NOW
 
     refused = evaluate(op, args, REFUSED, NOW)
-    assert (refused.code, refused.retryable, refused.stage, refused.reason) == (
+    assert refused.failure is not None
+    assert (refused.code, refused.failure.retryable, refused.stage, refused.reason) == (
         "UPSTREAM_UNAVAILABLE",
         False,
         "exit",

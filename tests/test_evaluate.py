@@ -70,7 +70,8 @@ def test_envelope_is_closed_and_carries_a_daemon_request_id(registry: Registry) 
 def test_exit_status_is_decided_before_output(registry: Registry) -> None:
     """A declared NOT_FOUND status wins even if stdout is garbage; stderr does not matter."""
     verdict = run(registry, "job_run_status", b"<html>", JOB_ARGS, exit_status=4, stderr=b"x")
-    assert (verdict.code, verdict.stage, verdict.retryable) == ("NOT_FOUND", "exit", False)
+    assert verdict.failure is not None
+    assert (verdict.code, verdict.stage, verdict.failure.retryable) == ("NOT_FOUND", "exit", False)
 
 
 def test_undeclared_exit_status_is_invalid_even_with_valid_output(registry: Registry) -> None:
@@ -159,7 +160,7 @@ def test_failure_envelope_has_no_operator_detail(registry: Registry) -> None:
         "outcome": "failure",
         "error": {"code": "INVALID_RESPONSE", "retryable": False},
     }
-    assert verdict.detail and verdict.schema_path
+    assert verdict.failure is not None and verdict.failure.detail and verdict.failure.schema_path
 
 
 def test_request_ids_are_fresh_and_match_the_contract() -> None:

@@ -140,7 +140,7 @@ def test_real_output_is_judged_as_a_careful_operator_would(
         verdict, sealed = verdict_of(op, fixture, under_posix_locale(fixture.stdout))
     else:
         verdict, sealed = verdict_of(op, fixture, fixture.stdout)
-    assert handled_right(right, verdict, sealed), (verdict.stage, verdict.reason, verdict.detail)
+    assert handled_right(right, verdict, sealed), verdict.failure
 
 
 def test_near_misses_of_every_accepted_real_output_are_rejected(

@@ -139,9 +139,11 @@ def _run(
         verdict.stage,
         verdict.reason,
         published and _matches(expect, got, verdict),
-        verdict.detail,
-        verdict.schema_path,
-        verdict.instance_path,
+        *(
+            ("", "", "")
+            if (f := verdict.failure) is None
+            else (f.detail, f.schema_path, f.instance_path)
+        ),
     )
 
 

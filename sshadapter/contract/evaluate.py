@@ -40,40 +40,58 @@ class Sealed:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """What one attempt proved: agent data, or a failure code with the operator's reason."""
+    """What one attempt proved: agent data, or a failure; its envelope once sealed.
+
+    In a worker and in the daemon alike it comes back from judging sealed
+    (``sealed_verdict``): the response line made, the data it holds dropped.
+    """
 
     data: Mapping[str, Any] | None = None
-    """The projected fields, on success only."""
-    code: str | None = None
-    """Error code for the agent, on failure only."""
-    retryable: bool = False
-    stage: str | None = None
-    """Where it failed (audit), e.g. `schema`."""
-    reason: str | None = None
-    """Why, from a finite list (audit, metric label)."""
-    detail: str = ""
-    """Free text for the operator: line numbers, validator message. Never for the agent."""
-    schema_path: str = ""
-    instance_path: str = ""
+    """The projected fields, on success only, until sealed."""
+    failure: Failure | None = None
+    """Why it failed: the agent's code, the operator's stage, reason and detail."""
     sealed: Sealed | None = None
-    """Its envelope, when already sealed where it was judged (a worker: see offload)."""
+    """Its envelope, once sealed (``seal_line``)."""
+
+    @property
+    def code(self) -> str | None:
+        """The agent's error code; None on success."""
+        return None if self.failure is None else self.failure.code
+
+    @property
+    def stage(self) -> str | None:
+        """Where it failed; None on success."""
+        return None if self.failure is None else self.failure.stage
+
+    @property
+    def reason(self) -> str | None:
+        """Why, from the stage's finite list; None on success."""
+        return None if self.failure is None else self.failure.reason
 
     @property
     def rejected(self) -> bool:
         """True when the output itself was refused (as opposed to a declared failure)."""
         return self.code == "INVALID_RESPONSE"
 
-    @classmethod
-    def failed(cls, failure: Failure) -> Verdict:
-        return cls(
-            code=failure.code,
-            retryable=failure.retryable,
-            stage=failure.stage,
-            reason=failure.reason,
-            detail=failure.detail,
-            schema_path=failure.schema_path,
-            instance_path=failure.instance_path,
-        )
+    def record(self) -> dict[str, Any]:
+        """Its fields in an audit record (docs/audit.md "result", each attempt's
+        ``verdict``): the failure's, or all null and empty for a success."""
+        f = self.failure
+        if f is None:
+            return {
+                "stage": None,
+                "reason": None,
+                "detail": "",
+                "schema_path": "",
+                "instance_path": "",
+            }
+        return {
+            "stage": f.stage,
+            "reason": f.reason,
+            "detail": f.detail,
+            "schema_path": f.schema_path,
+            "instance_path": f.instance_path,
+        }
 
 
 def evaluate(op: Operation, args: Mapping[str, Any], run: RunResult, now: datetime) -> Verdict:
@@ -87,10 +105,10 @@ def evaluate(op: Operation, args: Mapping[str, Any], run: RunResult, now: dateti
         run_checks(op.spec.checks, value, args, now)  # 9
         return Verdict(data=project(op, value))  # 10
     except (EvidenceError, DispatchRefusal) as exc:
-        return Verdict.failed(failure_of(exc))
+        return Verdict(failure=failure_of(exc))
     except Exception as exc:  # a bug in the daemon, not the remote side's fault
         log.exception("internal error evaluating %s", op.name)
-        return Verdict.failed(failure_of(exc))
+        return Verdict(failure=failure_of(exc))
 
 
 def check_exit_status(op: Operation, run: RunResult) -> Verdict | None:
@@ -113,12 +131,9 @@ def check_exit_status(op: Operation, run: RunResult) -> Verdict | None:
     if meaning != "success":
         # A declared INVALID_RESPONSE (a stderr case's `otherwise`, typically) is a
         # rejection like any other: the service quarantines its bytes.
+        detail = f"exit status {run.exit_status}{f', {because}' if because else ''} = {meaning}"
         return Verdict(
-            code=meaning,
-            retryable=CODES[meaning],
-            stage="exit",
-            reason="declared_exit_status",
-            detail=f"exit status {run.exit_status}{f', {because}' if because else ''} = {meaning}",
+            failure=Failure(meaning, CODES[meaning], "exit", "declared_exit_status", detail)
         )
     if op.spec.output.stderr == "reject" and run.stderr:
         raise EvidenceError("parse", "stderr_not_empty", f"{len(run.stderr)} bytes on stderr")
@@ -143,10 +158,10 @@ def seal(op: Operation, request_id: str, verdict: Verdict) -> dict[str, Any]:
     """The envelope for ``verdict``, checked against the tool's published envelope schema."""
     if verdict.data is not None:
         sealed = envelope.success(op.name, request_id, verdict.data)
-    else:
-        sealed = envelope.failure(
-            op.name, request_id, verdict.code or "INTERNAL", verdict.retryable
-        )
+    elif (failure := verdict.failure) is not None:
+        sealed = envelope.failure(op.name, request_id, failure.code, failure.retryable)
+    else:  # neither data nor a failure: a bug
+        sealed = envelope.failure(op.name, request_id, "INTERNAL")
     if not op.envelope_guard.is_valid(sealed):  # the projection broke its own contract
         log.error("envelope for %s does not match its schema", op.name)
         return envelope.failure(op.name, request_id, "INTERNAL")
@@ -163,6 +178,12 @@ def seal_line(op: Operation, request_id: str, verdict: Verdict) -> Sealed:
         line = memoryview(line).tobytes()
     failed = sealed["outcome"] == "failure"
     return Sealed(sealed["outcome"], sealed["error"]["code"] if failed else None, line)
+
+
+def sealed_verdict(op: Operation, request_id: str, verdict: Verdict) -> Verdict:
+    """``verdict`` with its response line, without the data the line now holds: how a
+    judged verdict comes back, from an evaluation worker or from the daemon's own loop."""
+    return Verdict(failure=verdict.failure, sealed=seal_line(op, request_id, verdict))
 
 
 COMPACT_ABOVE_BYTES: Final = 64 * 1024  # a line this large may wait for an fsync before it goes

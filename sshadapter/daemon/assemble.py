@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,12 +37,15 @@ def assemble(
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     sleep: Sleep = asyncio.sleep,
     judge: Judge | None = None,
+    dispatch_clock: Callable[[], float] | None = None,
 ) -> Daemon:
     """Everything a daemon is made of, from one configuration: serve, demo and tests use it.
 
     ``runner`` replaces the SSH runner (tests); ``clock`` and ``sleep`` are the time the
     freshness checks and the retry backoff see; ``judge`` replaces the one the
-    configuration's ``evaluation_workers`` gives (tests watch it). Raises ConfigError
+    configuration's ``evaluation_workers`` gives (tests watch it); ``dispatch_clock`` is
+    the policy monitor's (when its hosts were last checked). Each part is given to the
+    pieces that use it: the Service and the Daemon share them. Raises ConfigError
     naming the path and the reason when a file or directory cannot be used.
     """
     registry, policies = load(config)
@@ -65,8 +69,9 @@ def assemble(
         runner = ssh
     monitor = None
     if policies:  # docs/dispatcher.md "Drift"
-        monitor = PolicyMonitor(runner, metrics)
+        monitor = PolicyMonitor(runner, metrics, clock=dispatch_clock or time.monotonic)
         monitor.expect(policies)
+    judge = judge or Judge(config.server.evaluation_workers)
     service = Service(
         registry,
         runner,
@@ -79,10 +84,18 @@ def assemble(
         quarantine=quarantine,
         clock=clock,
         sleep=sleep,
-        judge=judge or Judge(config.server.evaluation_workers),
+        judge=judge,
         dispatch=monitor,
     )
-    return Daemon(config, service, runner, audit)
+    return Daemon(
+        config,
+        service,
+        runner=runner,
+        audit=audit,
+        metrics=metrics,
+        judge=judge,
+        dispatch=monitor,
+    )
 
 
 async def run_daemon(config_path: Path | None) -> int:
@@ -92,7 +105,7 @@ async def run_daemon(config_path: Path | None) -> int:
     if (metrics := config.metrics.address) is not None:  # its form checked by load_config
         host, port = metrics
         try:
-            start_http_server(port, addr=host, registry=daemon.service.metrics.registry)
+            start_http_server(port, addr=host, registry=daemon.metrics.registry)
         except OSError as exc:
             daemon.audit.close()
             reason = f"cannot listen on {config.metrics.listen}: {exc.strerror or exc}"

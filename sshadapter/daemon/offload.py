@@ -11,8 +11,8 @@ system call filter leaves setpriority out, and the scheduler already favours the
 loop, which sleeps between packets, over a worker that computes.) A worker
 builds its registry from the very bytes the daemon loaded (``RegistrySource``),
 so it judges by exactly the contract the daemon serves, reloads included. It
-returns only the sealed response line, the verdict's fields and the digests of
-the output; the parsed value never crosses back.
+returns what the loop's own judging returns (``judge_here``): the verdict, sealed,
+and the digests of the output; the parsed value never crosses back.
 
 Pools have generations. If the current pool breaks (a worker killed: the OOM
 killer under load is an ordinary event), it is replaced once, whichever of the
@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import ctypes
-import hashlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -47,12 +46,13 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from sshadapter.contract.evaluate import Sealed, Verdict, evaluate, seal_line
+from sshadapter.contract.evaluate import Verdict, evaluate, sealed_verdict
 from sshadapter.contract.registry import Operation, Registry, RegistrySource, build_registry
+from sshadapter.daemon.records import Evidence
 from sshadapter.errors import Failure
 from sshadapter.runners.interface import RunResult
 
@@ -86,22 +86,19 @@ _registries: dict[str, Registry] = {}  # a worker's registries, by source digest
 
 @dataclass(frozen=True, slots=True)
 class Judged:
-    """One attempt's evidence, judged: the verdict and what the audit says of the bytes."""
+    """One attempt's evidence, judged, as it comes back from a worker or from the loop."""
 
     verdict: Verdict
-    evidence: Mapping[str, Any]
+    """Sealed: its response line made, the data it holds dropped."""
+    evidence: Evidence
+    """What the audit says of the bytes."""
 
 
-def evidence_of(run: RunResult) -> dict[str, Any]:
-    """What the audit says of the bytes that came back: sizes and digests, never the bytes."""
-    return {
-        "exit_status": run.exit_status,
-        "stdout_bytes": len(run.stdout),
-        "stdout_sha256": hashlib.sha256(run.stdout).hexdigest(),
-        "stderr_bytes": len(run.stderr),
-        "stderr_sha256": hashlib.sha256(run.stderr).hexdigest(),
-        "transport_error": None,
-    }
+def judge_here(
+    op: Operation, args: Mapping[str, Any], run: RunResult, now: datetime, request_id: str
+) -> Judged:
+    """Stages 6-10 and the envelope, where this runs: in the loop or in a worker."""
+    return Judged(sealed_verdict(op, request_id, evaluate(op, args, run, now)), Evidence.of(run))
 
 
 @dataclass(eq=False, slots=True)
@@ -168,7 +165,7 @@ class Judge:
         request_id: str,
     ) -> Judged:
         if len(run.stdout) <= OFFLOAD_ABOVE_BYTES:
-            return Judged(evaluate(op, args, run, now), evidence_of(run))
+            return judge_here(op, args, run, now, request_id)
         deadline = time.monotonic() + self.timeout_seconds
         for attempt in range(1, MAX_JUDGE_ATTEMPTS + 1):
             pool = self._pool
@@ -178,7 +175,7 @@ class Judge:
                 future = pool.submit(
                     _judge, registry.source, op.name, dict(args), run, now, request_id
                 )
-                fields, sealed, evidence = await asyncio.wait_for(
+                judged: Judged = await asyncio.wait_for(
                     asyncio.wrap_future(future), max(0.0, deadline - time.monotonic())
                 )
             except TimeoutError:
@@ -195,8 +192,8 @@ class Judge:
                     break
                 continue  # within the same deadline: past it, the next wait times out at once
             self._failures = 0
-            return Judged(replace(Verdict(**fields), sealed=sealed), evidence)
-        return Judged(evaluate(op, args, run, now), evidence_of(run))
+            return judged
+        return judge_here(op, args, run, now, request_id)
 
     def _timed_out(self, pool: _Pool, op: Operation, run: RunResult, request_id: str) -> Judged:
         """No verdict within the bound: a closed failure; a pool that did nothing is killed."""
@@ -217,7 +214,7 @@ class Judge:
             "evaluation_timeout",
             f"no verdict from an evaluation worker within {self.timeout_seconds:g}s",
         )
-        return Judged(Verdict.failed(failure), evidence_of(run))
+        return Judged(sealed_verdict(op, request_id, Verdict(failure=failure)), Evidence.of(run))
 
     def _replace(self, pool: _Pool, why: str) -> None:
         """``pool`` failed: if it is still the current one, drop it and start the next."""
@@ -327,18 +324,6 @@ def _judge(
     run: RunResult,
     now: datetime,
     request_id: str,
-) -> tuple[dict[str, Any], Sealed, dict[str, Any]]:
-    """In a worker: evaluate and seal; only the line and the verdict's fields go back."""
-    op = _registry(source).operations[name]
-    verdict = evaluate(op, args, run, now)
-    sealed = seal_line(op, request_id, verdict)
-    fields = {
-        "code": verdict.code,
-        "retryable": verdict.retryable,
-        "stage": verdict.stage,
-        "reason": verdict.reason,
-        "detail": verdict.detail,
-        "schema_path": verdict.schema_path,
-        "instance_path": verdict.instance_path,
-    }
-    return fields, sealed, evidence_of(run)
+) -> Judged:
+    """In a worker: what the loop would do (``judge_here``), with the worker's registry."""
+    return judge_here(_registry(source).operations[name], args, run, now, request_id)

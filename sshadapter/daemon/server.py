@@ -34,6 +34,9 @@ from sshadapter.config import Config
 from sshadapter.contract.registry import Registry, load_registry
 from sshadapter.daemon import systemd
 from sshadapter.daemon.audit import AuditLog, now_text
+from sshadapter.daemon.drift import PolicyMonitor
+from sshadapter.daemon.metrics import Metrics
+from sshadapter.daemon.offload import Judge
 from sshadapter.daemon.service import Service
 from sshadapter.daemon.unix_socket import SOCKET_BACKLOG, peer_of
 from sshadapter.dispatch import policy
@@ -93,13 +96,36 @@ def _peers_gone(conns: list[_Connection]) -> list[_Connection]:
 
 
 class Daemon:
-    """One running daemon: a listening socket, a Service, and its lifecycle."""
+    """One running daemon: a listening socket, a Service, and its lifecycle.
 
-    def __init__(self, config: Config, service: Service, runner: Runner, audit: AuditLog) -> None:
+    It is given the parts it starts, reloads and closes (``assemble`` builds them once,
+    and gives the Service those it uses): it never reaches through the Service for them.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        service: Service,
+        *,
+        runner: Runner,
+        audit: AuditLog,
+        metrics: Metrics,
+        judge: Judge,
+        dispatch: PolicyMonitor | None = None,
+    ) -> None:
         self.config = config
         self.service = service
+        """Answers each request line."""
         self.runner = runner
+        """Warmed at start, closed at the end of the drain."""
         self.audit = audit
+        """The start record; reopened at SIGHUP, closed last."""
+        self.metrics = metrics
+        """Reloads and dropped connections are counted here."""
+        self.judge = judge
+        """Its evaluation workers are stopped after the drain."""
+        self.dispatch = dispatch
+        """The policy state of dispatch hosts: checked at start, on a timer, after a reload."""
         self.state = State.STARTING
         self.ready = asyncio.Event()
         """Set once serving: the socket accepts and READY=1 has been sent."""
@@ -120,7 +146,7 @@ class Daemon:
                     "time": now_text(),
                     "adapter_version": __version__,
                     "pid": os.getpid(),
-                    "tools": sorted(self.service.registry.operations),
+                    "tools": self.service.tool_names,
                 }
             )
             self._server = await asyncio.start_unix_server(
@@ -130,19 +156,17 @@ class Daemon:
                 backlog=SOCKET_BACKLOG,
             )
             warming = [asyncio.create_task(self._warm(alias)) for alias in self.config.hosts]
-            if self.service.dispatch is not None:
-                warming.append(asyncio.create_task(self.service.dispatch.watch()))
+            if self.dispatch is not None:
+                warming.append(asyncio.create_task(self.dispatch.watch()))
             self.state = State.SERVING
             self.ready.set()
             systemd.notify("READY=1")
-            log.info(
-                "serving %d tools on %s", len(self.service.registry.operations), sock.getsockname()
-            )
+            log.info("serving %d tools on %s", len(self.service.tool_names), sock.getsockname())
             await self._stopping.wait()
             for task in warming:
                 task.cancel()
-            if self.service.dispatch is not None:
-                await self.service.dispatch.close()
+            if self.dispatch is not None:
+                await self.dispatch.close()
             await self.shutdown()
         finally:
             for sig in _SIGNALS:
@@ -175,7 +199,7 @@ class Daemon:
                     task.cancel()
                 await asyncio.gather(*late, return_exceptions=True)
         await self.runner.close()
-        await self.service.judge.close()
+        await self.judge.close()
         self.audit.close()
 
     def _cut(self, late: set[asyncio.Task[None]], deadline: float) -> None:
@@ -184,14 +208,13 @@ class Daemon:
         Each cancelled call writes its result record (stage `shutdown`) and answers
         INTERNAL (see Service.cut_on_cancel).
         """
-        running = sorted(self.service.calls.items())
+        running = self.service.cut()
         log.warning(
             "drain deadline of %gs passed: cutting %d calls: %s",
             deadline,
             len(running),
-            ", ".join(f"{rid} ({call.op.name})" for rid, call in running) or "none running",
+            ", ".join(running) or "none running",
         )
-        self.service.cut_on_cancel = True
         for task in late:
             task.cancel()
 
@@ -212,16 +235,14 @@ class Daemon:
         try:
             registry, policies = load(self.config)
         except ConfigError as exc:
-            log.error(
-                "reload refused, keeping %d tools: %s", len(self.service.registry.operations), exc
-            )
-            self.service.metrics.reloads.labels("failure").inc()
+            log.error("reload refused, keeping %d tools: %s", len(self.service.tool_names), exc)
+            self.metrics.reloads.labels("failure").inc()
         else:
             self.service.install(registry)
-            if self.service.dispatch is not None:  # hosts first, then the reload: check them
-                self.service.dispatch.expect(policies)
-                self.service.dispatch.check_soon()
-            self.service.metrics.reloads.labels("success").inc()
+            if self.dispatch is not None:  # hosts first, then the reload: check them
+                self.dispatch.expect(policies)
+                self.dispatch.check_soon()
+            self.metrics.reloads.labels("success").inc()
             log.info("reloaded %d tools", len(registry.operations))
         try:
             self.audit.reopen()
@@ -237,14 +258,14 @@ class Daemon:
             await self.runner.warm(alias)
         except UpstreamError as exc:
             log.warning("host %s not reachable yet: %s", alias, exc)
-        monitor = self.service.dispatch
+        monitor = self.dispatch
         if monitor is not None and alias in monitor.hosts:
             await monitor.check(alias)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        drops = self.service.metrics.client_drops
+        drops = self.metrics.client_drops
         if self._live_connections() >= self.config.server.max_connections:
             drops.labels("connection_limit").inc()
             writer.write(self.service.refuse("OVERLOADED"))
@@ -287,7 +308,7 @@ class Daemon:
     async def _converse(self, conn: _Connection, writer: asyncio.StreamWriter) -> None:
         """Requests in order, one at a time; idle, stalled and non-reading clients are dropped."""
         reader, server = conn.reader, self.config.server
-        drops = self.service.metrics.client_drops
+        drops = self.metrics.client_drops
         peer = peer_of(writer.get_extra_info("socket"))
         loop = asyncio.get_running_loop()
         while True:  # during the drain, until the bytes already read run out
@@ -349,7 +370,7 @@ class Daemon:
         return True
 
     def _dropped_slow_reader(self, writer: asyncio.StreamWriter) -> bool:
-        self.service.metrics.client_drops.labels("write_timeout").inc()
+        self.metrics.client_drops.labels("write_timeout").inc()
         log.info("agent connection dropped: its answer not read in time")
         writer.transport.abort()  # releases the buffered answer now
         return False

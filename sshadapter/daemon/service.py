@@ -27,19 +27,19 @@ import orjson
 from sshadapter.config import Allow
 from sshadapter.contract import envelope
 from sshadapter.contract.codes import SYSTEM_TOOL
-from sshadapter.contract.evaluate import Verdict, seal_line
+from sshadapter.contract.evaluate import Sealed, Verdict, seal_line
 from sshadapter.contract.registry import Operation, Registry
-from sshadapter.daemon.audit import AuditLog, now_text
+from sshadapter.daemon.audit import AuditLog
 from sshadapter.daemon.authorize import Callers, Peer, resolve
 from sshadapter.daemon.drift import PolicyMonitor
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.offload import Judge
 from sshadapter.daemon.quarantine import Quarantine
+from sshadapter.daemon.records import CallRecord
 from sshadapter.errors import (
     AuditError,
     DeniedError,
     DispatchRefusal,
-    Failure,
     OverloadedError,
     RequestError,
     UpstreamError,
@@ -178,6 +178,17 @@ class Service:
             return self._system_answer(request_id, "INTERNAL", started)
         return await self._call(op, request.args, peer, request_id)
 
+    @property
+    def tool_names(self) -> list[str]:
+        """The tools served now, sorted."""
+        return sorted(self.registry.operations)
+
+    def cut(self) -> list[str]:
+        """Past the drain deadline: from now on a cancelled call answers INTERNAL (the
+        drain's cut, not a caller's). The calls running now, as ``<request id> (<tool>)``."""
+        self.cut_on_cancel = True
+        return [f"{rid} ({call.op.name})" for rid, call in sorted(self.calls.items())]
+
     def tools_for(self, peer: Peer) -> list[Mapping[str, Any]]:
         return [
             op.list_entry
@@ -207,12 +218,12 @@ class Service:
                 verdict = self._failed(call, exc)
             return await self._commit(call, verdict)
         except asyncio.CancelledError:
-            self._record_cut(call)
+            answer = self._record_cut(call)
             task = asyncio.current_task()
             if not self.cut_on_cancel or task is None:
                 raise
             task.uncancel()  # the drain's cut, not a caller's: answer it
-            return _line(_cut_envelope(call))
+            return answer
         finally:
             del self.calls[request_id]
 
@@ -238,7 +249,7 @@ class Service:
         op, retry = call.op, call.op.spec.retry
         deadline = time.monotonic() + retry.budget_seconds
         while True:
-            await self.audit.append(call.intent(len(call.attempts) + 1))  # 4
+            await self.audit.append(call.intent())  # 4
             attempt = call.begin_attempt()
             try:
                 run = await self.runner.run(  # 5
@@ -249,17 +260,19 @@ class Service:
                     max_stderr=op.spec.output.max_stderr_bytes,
                 )
             except UpstreamError as exc:
-                verdict = Verdict.failed(failure_of(exc))
-                attempt.update(exit_status=None, transport_error=exc.reason)
+                verdict = Verdict(failure=failure_of(exc))
+                attempt.transport_error = exc.reason
                 ran = exc.ran
             else:
                 judged = await self.judge.judge(  # 6-10, off the loop for a large output
                     self.registry, op, args, run, self.clock(), call.request_id
                 )
-                attempt.update(judged.evidence)
+                attempt.evidence = judged.evidence
                 verdict, ran = judged.verdict, True
                 if verdict.rejected:
-                    attempt["quarantine"] = await self._quarantine(call, run)
+                    attempt.quarantine = await self._quarantine(
+                        call.request_id, attempt.number, run
+                    )
             call.end_attempt(verdict)
             if not _should_retry(op, verdict, ran, len(call.attempts), deadline):
                 return verdict
@@ -272,14 +285,17 @@ class Service:
         elif isinstance(exc, AuditError):
             log.error("%s %s not run: %s", call.request_id, call.op.name, exc)
             self.metrics.audit_failures.inc()
-        call.close_attempt(failure)
-        return Verdict.failed(failure)
+        verdict = Verdict(failure=failure)
+        call.close_attempt(verdict)
+        return verdict
 
-    async def _quarantine(self, call: CallRecord, run: RunResult) -> dict[str, str | None]:
+    async def _quarantine(
+        self, request_id: str, attempt: int, run: RunResult
+    ) -> dict[str, str | None]:
         """Keep the raw bytes of a rejected output for the operator; name them in the record."""
         if self.quarantine is None:
             return {}
-        stem = f"{call.request_id}.{len(call.attempts)}"
+        stem = f"{request_id}.{attempt}"
         kept: dict[str, str | None] = {}
         for stream, data in (("stdout", run.stdout), ("stderr", run.stderr)):
             try:
@@ -287,18 +303,16 @@ class Service:
                     self.quarantine.keep, f"{stem}.{stream}", data
                 )
             except OSError as exc:
-                log.error("%s not quarantined: %s", call.request_id, exc)
+                log.error("%s not quarantined: %s", request_id, exc)
                 kept[stream] = None
         return kept
 
     async def _commit(self, call: CallRecord, verdict: Verdict) -> bytes:
         """Stage 11: make the result record durable, count it, return the response line."""
         try:
-            line, record = self._prepare(call, verdict)
+            verdict, record = self._prepare(call, verdict)
         except Exception as exc:  # a bug in sealing or building the record
-            verdict = self._failed(call, exc)
-            line, record = self._prepare(call, verdict)
-        del verdict  # the parsed output is not kept while the result record is made durable
+            verdict, record = self._prepare(call, self._failed(call, exc))
         call.result_written = True
         try:
             await self.audit.append(record)
@@ -306,43 +320,47 @@ class Service:
             log.error("%s result not written: %s", call.request_id, exc)
             self.metrics.audit_failures.inc()
             failure = failure_of(exc)
-            line = _line(envelope.failure(call.op.name, call.request_id, failure.code, False))
-            record = {**record, "outcome": "failure", "code": failure.code}
-            record.update(stage=failure.stage, reason=failure.reason, detail=failure.detail)
-        self._count(call, record)
-        return line
+            verdict = Verdict(failure=failure, sealed=_answered(call, failure.code))
+        self._count(call, verdict)
+        assert verdict.sealed is not None  # by _prepare, or just above
+        return verdict.sealed.line
 
-    def _prepare(self, call: CallRecord, verdict: Verdict) -> tuple[bytes, dict[str, Any]]:
-        """The response line and the result record of a verdict."""
+    def _prepare(self, call: CallRecord, verdict: Verdict) -> tuple[Verdict, dict[str, Any]]:
+        """The verdict sealed (only its response line kept, not the data), and its result
+        record."""
         sealed = seal_line(call.op, call.request_id, verdict)
-        if sealed.code is not None and verdict.code is None:  # seal refused its own envelope
+        if sealed.code is not None and verdict.failure is None:  # seal refused its own envelope
             verdict = self._failed(call, RuntimeError("envelope does not match its schema"))
-        return sealed.line, call.result(verdict, sealed.outcome, sealed.code)
+        verdict = Verdict(failure=verdict.failure, sealed=sealed)
+        return verdict, call.result(verdict)
 
-    def _count(self, call: CallRecord, record: Mapping[str, Any]) -> None:
-        m, tool = self.metrics, call.op.name
-        rejected = record["code"] == "INVALID_RESPONSE"
+    def _count(self, call: CallRecord, verdict: Verdict) -> None:
+        m, tool, sealed, failure = self.metrics, call.op.name, verdict.sealed, verdict.failure
+        assert sealed is not None  # counted once answered
+        rejected = sealed.code == "INVALID_RESPONSE" and failure is not None
         m.observe_call(
             tool,
-            record["outcome"],
-            record["code"],
+            sealed.outcome,
+            sealed.code,
             time.monotonic() - call.started,
-            (record["stage"], record["reason"]) if rejected else None,
+            (failure.stage, failure.reason) if rejected and failure else None,
         )
         for attempt in call.attempts:
-            if "stdout_bytes" in attempt:
-                m.output_bytes.labels(tool).observe(attempt["stdout_bytes"])
+            if attempt.evidence is not None:
+                m.output_bytes.labels(tool).observe(attempt.evidence.stdout_bytes)
 
-    def _record_cut(self, call: CallRecord) -> None:
-        """A call cancelled by the shutdown deadline: its result record, written now, counted.
+    def _record_cut(self, call: CallRecord) -> bytes:
+        """A call cancelled by the shutdown deadline: its result record, written now, counted;
+        its INTERNAL answer returned.
 
         One whose result record was already written (durable or not) keeps that record;
         either way its answer is INTERNAL: a result not yet durable is not sent.
         """
-        verdict = self._failed(call, asyncio.CancelledError())
+        failure = self._failed(call, asyncio.CancelledError()).failure
+        cut = Verdict(failure=failure, sealed=_answered(call, "INTERNAL"))
         if not call.result_written:
             try:
-                self.audit.write(call.result(verdict, "failure", "INTERNAL"))
+                self.audit.write(call.result(cut))
             except AuditError as exc:
                 log.error("%s result of a cut call not written: %s", call.request_id, exc)
                 self.metrics.audit_failures.inc()
@@ -350,94 +368,30 @@ class Service:
         self.metrics.observe_call(
             call.op.name, "failure", "INTERNAL", time.monotonic() - call.started
         )
+        assert cut.sealed is not None
+        return cut.sealed.line
 
 
-def _cut_envelope(call: CallRecord) -> dict[str, Any]:
-    return envelope.failure(call.op.name, call.request_id, "INTERNAL", False)
+def _answered(call: CallRecord, code: str) -> Sealed:
+    """A failure the daemon answers without a verdict to seal (the result record could not
+    be made durable; the drain cut the call): not retryable."""
+    line = _line(envelope.failure(call.op.name, call.request_id, code, False))
+    return Sealed("failure", code, line)
 
 
 def _should_retry(
     op: Operation, verdict: Verdict, ran: bool, attempts: int, deadline: float
 ) -> bool:
-    retry = op.spec.retry
+    retry, failure = op.spec.retry, verdict.failure
     backoff = RETRY_BACKOFF_SECONDS * 2 ** (attempts - 1)
     return (
-        verdict.code in retry.on
-        and verdict.retryable
+        failure is not None
+        and failure.code in retry.on
+        and failure.retryable
         and attempts < retry.attempts
         and (op.spec.idempotent or not ran)  # after execution only for idempotent ones
         and time.monotonic() + backoff + op.spec.timeout_seconds <= deadline
     )
-
-
-@dataclass
-class CallRecord:
-    """What the audit trail says about one call, filled in as the stages run."""
-
-    op: Operation
-    peer: Peer
-    request_id: str
-    callers: Callers
-    command: str = ""
-    attempts: list[dict[str, Any]] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
-    result_written: bool = False
-    _attempt_started: float | None = None
-
-    def _common(self, kind: str) -> dict[str, Any]:
-        return {
-            "type": kind,
-            "time": now_text(),
-            "request_id": self.request_id,
-            **self.op.audit_fields,
-            "caller": {"uid": self.peer.uid, "gid": self.peer.gid, "pid": self.peer.pid},
-            "command": self.command,
-        }
-
-    def intent(self, attempt: int) -> dict[str, Any]:
-        return {**self._common("intent"), "attempt": attempt}
-
-    def begin_attempt(self) -> dict[str, Any]:
-        """A new attempt's record, timed from now; filled in by the stages."""
-        self._attempt_started = time.monotonic()
-        attempt: dict[str, Any] = {"duration_seconds": 0.0}
-        self.attempts.append(attempt)
-        return attempt
-
-    def end_attempt(self, verdict: Verdict) -> None:
-        if self._attempt_started is not None:
-            self.attempts[-1]["duration_seconds"] = round(
-                time.monotonic() - self._attempt_started, 6
-            )
-            self.attempts[-1]["verdict"] = _verdict_fields(verdict)
-        self._attempt_started = None
-
-    def close_attempt(self, failure: Failure) -> None:
-        """An attempt that a daemon-side failure interrupted: what is known of it."""
-        if self._attempt_started is not None:
-            self.attempts[-1].setdefault("exit_status", None)
-            self.attempts[-1].setdefault("transport_error", None)
-            self.attempts[-1]["interrupted"] = failure.reason
-            self.end_attempt(Verdict.failed(failure))
-
-    def result(self, verdict: Verdict, outcome: str, code: str | None) -> dict[str, Any]:
-        return {
-            **self._common("result"),
-            "attempts": self.attempts,
-            "outcome": outcome,
-            "code": code,
-            **_verdict_fields(verdict),
-        }
-
-
-def _verdict_fields(verdict: Verdict) -> dict[str, Any]:
-    return {
-        "stage": verdict.stage,
-        "reason": verdict.reason,
-        "detail": verdict.detail,
-        "schema_path": verdict.schema_path,
-        "instance_path": verdict.instance_path,
-    }
 
 
 def _line(value: Mapping[str, Any]) -> bytes:

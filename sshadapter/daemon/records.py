@@ -1,0 +1,166 @@
+"""What the audit trail says of one call: its attempts, and its intent and result records.
+
+Reference: docs/audit.md ("intent", "result", "attempts"); the records are checked
+against docs/audit-records.schema.json by the tests. Each record is built here and
+nowhere else: an attempt from a typed ``Attempt``, a verdict's fields from
+``Verdict.record``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sshadapter.contract.evaluate import Verdict
+from sshadapter.contract.registry import Operation
+from sshadapter.daemon.audit import now_text
+from sshadapter.daemon.authorize import Callers, Peer
+from sshadapter.runners.interface import RunResult
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What the audit says of the bytes that came back: sizes and digests, never the bytes."""
+
+    exit_status: int | None
+    """The remote exit status; None when there was none (a signal, a byte cap)."""
+    stdout_bytes: int
+    """Bytes received on stdout (at most the cap plus one)."""
+    stdout_sha256: str
+    """Their sha256, hex."""
+    stderr_bytes: int
+    """Bytes received on stderr (at most the cap plus one)."""
+    stderr_sha256: str
+    """Their sha256, hex."""
+
+    @classmethod
+    def of(cls, run: RunResult) -> Evidence:
+        return cls(
+            run.exit_status,
+            len(run.stdout),
+            hashlib.sha256(run.stdout).hexdigest(),
+            len(run.stderr),
+            hashlib.sha256(run.stderr).hexdigest(),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One run of the command, as a result record lists it (docs/audit.md "attempts")."""
+
+    duration_seconds: float
+    """From the attempt's start to its verdict, rounded to the microsecond."""
+    verdict: Verdict
+    """What it proved; its fields go to the record (``Verdict.record``)."""
+    evidence: Evidence | None = None
+    """What came back, when output came back."""
+    transport_error: str | None = None
+    """The transport's reason when the run gave no result."""
+    quarantine: Mapping[str, str | None] | None = None
+    """The rejected output's files in the quarantine directory, by stream (None: not kept)."""
+    interrupted: str | None = None
+    """The reason of a daemon-side failure that cut the attempt short (``bug``,
+    ``drain_deadline``)."""
+
+    def record(self) -> dict[str, Any]:
+        """Its element of the result's ``attempts`` (docs/audit-records.schema.json)."""
+        record: dict[str, Any] = {"duration_seconds": self.duration_seconds}
+        if (evidence := self.evidence) is None:
+            record["exit_status"] = None
+        else:
+            record.update(
+                exit_status=evidence.exit_status,
+                stdout_bytes=evidence.stdout_bytes,
+                stdout_sha256=evidence.stdout_sha256,
+                stderr_bytes=evidence.stderr_bytes,
+                stderr_sha256=evidence.stderr_sha256,
+            )
+        record["transport_error"] = self.transport_error
+        if self.quarantine is not None:
+            record["quarantine"] = dict(self.quarantine)
+        if self.interrupted is not None:
+            record["interrupted"] = self.interrupted
+        record["verdict"] = self.verdict.record()
+        return record
+
+
+@dataclass(slots=True)
+class Running:
+    """The attempt under way: what the stages have learnt of it so far."""
+
+    number: int
+    """From 1."""
+    started: float = field(default_factory=time.monotonic)
+    evidence: Evidence | None = None
+    transport_error: str | None = None
+    quarantine: Mapping[str, str | None] | None = None
+
+    def done(self, verdict: Verdict, interrupted: str | None = None) -> Attempt:
+        return Attempt(
+            round(time.monotonic() - self.started, 6),
+            verdict,
+            self.evidence,
+            self.transport_error,
+            self.quarantine,
+            interrupted,
+        )
+
+
+@dataclass
+class CallRecord:
+    """What the audit trail says about one call, filled in as the stages run."""
+
+    op: Operation
+    peer: Peer
+    request_id: str
+    callers: Callers
+    command: str = ""
+    attempts: list[Attempt] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    result_written: bool = False
+    running: Running | None = None
+    """The attempt under way, between ``begin_attempt`` and ``end_attempt``."""
+
+    def _common(self, kind: str) -> dict[str, Any]:
+        return {
+            "type": kind,
+            "time": now_text(),
+            "request_id": self.request_id,
+            **self.op.audit_fields,
+            "caller": {"uid": self.peer.uid, "gid": self.peer.gid, "pid": self.peer.pid},
+            "command": self.command,
+        }
+
+    def intent(self) -> dict[str, Any]:
+        """The intent record of the next attempt."""
+        return {**self._common("intent"), "attempt": len(self.attempts) + 1}
+
+    def begin_attempt(self) -> Running:
+        """The next attempt, timed from now; the stages fill in what they learn."""
+        self.running = Running(len(self.attempts) + 1)
+        return self.running
+
+    def end_attempt(self, verdict: Verdict, interrupted: str | None = None) -> None:
+        if self.running is not None:
+            self.attempts.append(self.running.done(verdict, interrupted))
+        self.running = None
+
+    def close_attempt(self, verdict: Verdict) -> None:
+        """An attempt that a daemon-side failure (``verdict``) interrupted: what is known
+        of it."""
+        if self.running is not None and verdict.failure is not None:
+            self.end_attempt(verdict, interrupted=verdict.failure.reason)
+
+    def result(self, verdict: Verdict) -> dict[str, Any]:
+        """The result record of a sealed verdict: what the caller was told, and why."""
+        assert verdict.sealed is not None, "a result is recorded once its answer is sealed"
+        return {
+            **self._common("result"),
+            "attempts": [attempt.record() for attempt in self.attempts],
+            "outcome": verdict.sealed.outcome,
+            "code": verdict.sealed.code,
+            **verdict.record(),
+        }
