@@ -195,10 +195,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from sshadapter.demo import run_demo
+    from sshadapter.demo import DemoUnavailable, run_demo
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return asyncio.run(run_demo())
+    try:
+        return asyncio.run(run_demo())
+    except DemoUnavailable as exc:  # installed without the checkout's examples
+        print(f"sshadapter demo: {exc}", file=sys.stderr)
+        return 2
 
 
 def _cmd_mcp(args: argparse.Namespace) -> int:

@@ -434,12 +434,21 @@ def _audit_reason(audit_path: Path, response: dict[str, Any]) -> str:
     return "request refused before any call record (logged and counted)"
 
 
+class DemoUnavailable(Exception):
+    """The example operations are not where the demo looks for them."""
+
+
 def _examples_root() -> Path:
     """The shipped commands/ and schemas/: the checkout this package runs from, or the cwd."""
-    for candidate in (Path(__file__).resolve().parents[1], Path.cwd()):
+    candidates = (Path(__file__).resolve().parents[1], Path.cwd())
+    for candidate in candidates:
         if (candidate / "commands").is_dir() and (candidate / "schemas").is_dir():
             return candidate
-    raise FileNotFoundError("cannot find the example commands/ and schemas/ directories")
+    raise DemoUnavailable(
+        "no commands/ and schemas/ in "
+        + " or ".join(str(c) for c in candidates)
+        + ": run it from a checkout (pip install -e .), as the README says"
+    )
 
 
 def _demo_commands(source: Path, target: Path) -> Path:

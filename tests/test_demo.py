@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -75,3 +77,21 @@ def test_demo_shows_accepted_and_rejected_results_and_cleans_up() -> None:
     assert answers[3].startswith("isError true")
     assert failure["error"] == {"code": "INVALID_RESPONSE", "retryable": False}
     assert set(Path(tempfile.gettempdir()).glob("sshadapter-demo-*")) == before
+
+
+def test_the_demo_without_the_examples_says_so_in_one_line(tmp_path: Path) -> None:
+    """Installed without the checkout's commands/ and schemas/, the demo says where it looked."""
+    shutil.copytree(ROOT / "sshadapter", tmp_path / "pkg" / "sshadapter")
+    code = "import sys; from sshadapter.cli import main; sys.exit(main(['demo']))"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "pkg")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("sshadapter demo: no commands/ and schemas/ in ")
+    assert len(done.stderr.strip().splitlines()) == 1
