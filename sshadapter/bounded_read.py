@@ -2,9 +2,10 @@
 
 Every file the daemon and the CLI read (the configuration, command files,
 schemas, fixtures, known_hosts, client keys and credentials) comes through
-``read_bounded``. A FIFO, a device or a symlink to one is refused before a
-byte is read: ``mkfifo commands/x.toml`` would otherwise block the reload
-(which runs on the event loop, so every caller waits), and a symlink to
+``read_bounded``; ``audit verify`` opens the trail with ``open_regular``. A
+FIFO, a device or a symlink to one is refused before a byte is read:
+``mkfifo commands/x.toml`` would otherwise block the reload (which runs on
+the event loop, so every caller waits), and a symlink to
 ``/dev/zero`` would read until the memory runs out. The file is opened once
 and judged by ``fstat`` of that descriptor, so what is checked is what is read:
 
@@ -33,18 +34,41 @@ OPEN_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 READ_CHUNK_BYTES: Final = 1024 * 1024  # one read() call; the bound caps the total
 
 
+class NotRegular(OSError):
+    """The path names something other than a regular file; ``kind`` says what."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"not a regular file ({kind})")
+        self.kind = kind
+
+
+def open_regular(path: Path) -> int:
+    """A descriptor of the regular file ``path``, opened without blocking, or OSError.
+
+    ``stat`` first, so a device is never opened; then the opened descriptor is
+    checked, so what was checked is what is read. NotRegular for anything else.
+    """
+    _refuse_special(os.stat(path).st_mode)
+    fd = os.open(path, OPEN_FLAGS)
+    try:
+        _refuse_special(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def read_bounded(path: Path, max_bytes: int, *, key: str = "") -> bytes:
     """The bytes of the regular file ``path``, at most ``max_bytes``, or ConfigError."""
     file = str(path)
     try:
-        _refuse_special(os.stat(path).st_mode, file, key)
-        fd = os.open(path, OPEN_FLAGS)
+        fd = open_regular(path)
+    except NotRegular as exc:
+        raise ConfigError(file, key, str(exc)) from exc
     except OSError as exc:
         raise ConfigError(file, key, f"cannot read: {exc.strerror}") from exc
     try:
-        info = os.fstat(fd)
-        _refuse_special(info.st_mode, file, key)
-        if info.st_size > max_bytes:
+        if os.fstat(fd).st_size > max_bytes:
             raise ConfigError(file, key, f"larger than {max_bytes} bytes")
         chunks: list[bytes] = []
         left = max_bytes + 1  # one byte more tells a file that grew past the bound
@@ -63,9 +87,9 @@ def read_bounded(path: Path, max_bytes: int, *, key: str = "") -> bytes:
     return b"".join(chunks)
 
 
-def _refuse_special(mode: int, file: str, key: str) -> None:
+def _refuse_special(mode: int) -> None:
     if not stat.S_ISREG(mode):
-        raise ConfigError(file, key, f"not a regular file ({_kind(mode)})")
+        raise NotRegular(_kind(mode))
 
 
 def _kind(mode: int) -> str:

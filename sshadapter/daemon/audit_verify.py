@@ -30,7 +30,6 @@ import gzip
 import hashlib
 import os
 import re
-import stat
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from typing import IO, Any, Final
 
 import orjson
 
+from sshadapter.bounded_read import NotRegular, open_regular
 from sshadapter.daemon.audit import GENESIS
 
 # The longest line read as a record. The daemon's records are far smaller (a command
@@ -253,21 +253,14 @@ def _lines(paths: Iterable[Path], report: Report) -> Iterator[tuple[str, bytes]]
 
 
 def _open(path: Path) -> IO[bytes]:
-    """Open a regular file of the trail for reading.
-
-    O_NONBLOCK: a FIFO put in the trail's place must not hang verify at open.
-    """
+    """Open a regular file of the trail for reading (a FIFO put in its place must not hang)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_regular(path)
+    except NotRegular as exc:
+        raise UnreadableTrail(path, "not a regular file") from exc
     except OSError as exc:
         raise UnreadableTrail(path, f"cannot open: {exc.strerror}") from exc
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnreadableTrail(path, "not a regular file")
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+    return os.fdopen(fd, "rb")
 
 
 def _shown(value: str) -> str:
