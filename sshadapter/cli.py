@@ -152,6 +152,37 @@ def _parser() -> argparse.ArgumentParser:
     )
     dispatcher.set_defaults(handler=_cmd_dispatcher)
 
+    inventory = sub.add_parser("inventory", help="show the fleet: hosts, groups, their members")
+    inventory_sub = inventory.add_subparsers(dest="inventory_command", metavar="COMMAND")
+    show = inventory_sub.add_parser(
+        "show",
+        help="list the groups (or one target's resolved hosts) with their digests",
+        description="Without TARGET: every group with its size and digest, and the number "
+        "of hosts. With TARGET (a group or a host alias): its hosts, sorted, one per line, "
+        "then its digest (the audit's hosts_sha256).",
+    )
+    _add_config(show)
+    show.add_argument("target", nargs="?", metavar="TARGET", default="")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(handler=_cmd_inventory_show)
+    _add_config(inventory)  # `sshadapter inventory` alone: `show` of every group
+    inventory.set_defaults(handler=_cmd_inventory_show, target="", json=False)
+
+    grants = sub.add_parser("grants", help="explain who may run what where")
+    grants_sub = grants.add_subparsers(dest="grants_command", metavar="COMMAND", required=True)
+    explain = grants_sub.add_parser(
+        "explain",
+        help="say whether a uid may run TOOL on TARGET, and why",
+        description="The decision the daemon would take for a caller with this uid (and the "
+        "groups the system gives its user) calling TOOL with run_on TARGET (for an operation "
+        "on one host, its host alias). Exit 0: allowed, 1: denied.",
+    )
+    _add_config(explain)
+    explain.add_argument("uid", metavar="UID_OR_USER")
+    explain.add_argument("tool")
+    explain.add_argument("target", metavar="TARGET")
+    explain.set_defaults(handler=_cmd_grants_explain)
+
     schema = sub.add_parser("schema", help="print a tool's published envelope schema")
     _add_config(schema)
     schema.add_argument("tool")
@@ -277,20 +308,31 @@ def _load_with_path(
     from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
     from sshadapter.contract.registry import load_registry
     from sshadapter.dispatch import policy
+    from sshadapter.inventory import load_inventory
 
     path = args.config
     if path is None and DEFAULT_CONFIG_PATH.is_file():
         path = DEFAULT_CONFIG_PATH
     config, _ = load_config(path)
+    inventory = load_inventory(config)
     # Without a config file there are no [hosts] to check host aliases against.
     hosts = config.hosts.keys() if path is not None else None
     if also_dispatch and also_dispatch not in config.hosts:
         raise ConfigError(str(path or "<defaults>"), f"hosts.{also_dispatch}", "no such host")
     dispatch_hosts = policy.dispatch_hosts(config) | ({also_dispatch} if also_dispatch else set())
     registry = load_registry(
-        config.paths.commands, config.paths.schemas, hosts=hosts, dispatch_hosts=dispatch_hosts
+        config.paths.commands,
+        config.paths.schemas,
+        hosts=hosts,
+        dispatch_hosts=dispatch_hosts,
+        groups=inventory.groups.keys(),
+        dispatch_groups=policy.dispatch_groups(config, inventory),
     )
-    return path, config, registry, policy.host_policies(registry)
+    if path is not None:
+        from sshadapter.daemon.server import check_grants
+
+        check_grants(config, inventory, registry)
+    return path, config, registry, policy.host_policies(registry, inventory)
 
 
 def _load_for_check(args: argparse.Namespace) -> tuple[Path | None, Registry]:
@@ -359,6 +401,80 @@ def _cmd_schema(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     sys.stdout.buffer.write(orjson.dumps(op.envelope_schema, option=orjson.OPT_INDENT_2) + b"\n")
     return EXIT_OK
+
+
+def _cmd_inventory_show(args: argparse.Namespace) -> int:
+    """The resolved inventory: what each target name stands for (docs/operations.md)."""
+    from sshadapter.inventory import host_set_digest, load_inventory
+
+    _, config, _, _ = _load_with_path(args)
+    inventory = load_inventory(config)
+    if args.target:
+        if not inventory.exists(args.target):
+            print(f"sshadapter: {args.target!r} is no host alias and no group", file=sys.stderr)
+            return EXIT_USAGE
+        members = inventory.members(args.target)
+        if args.json:
+            answer = {"target": args.target, "hosts": list(members)}
+            answer["hosts_sha256"] = host_set_digest(members)
+            sys.stdout.buffer.write(orjson.dumps(answer, option=orjson.OPT_INDENT_2) + b"\n")
+        else:
+            print("\n".join(members))
+            print(f"# {len(members)} host(s), {host_set_digest(members)}")
+        return EXIT_OK
+    groups = {
+        name: {"hosts": len(members), "hosts_sha256": host_set_digest(members)}
+        for name, members in sorted(inventory.groups.items())
+    }
+    if args.json:
+        answer = {"hosts": len(inventory.hosts), "groups": groups}
+        sys.stdout.buffer.write(orjson.dumps(answer, option=orjson.OPT_INDENT_2) + b"\n")
+        return EXIT_OK
+    width = max((len(name) for name in groups), default=5)
+    print(f"{'group':<{width}}  {'hosts':>5}  digest")
+    for name, row in groups.items():
+        print(f"{name:<{width}}  {row['hosts']:>5}  {row['hosts_sha256']}")
+    print(f"{len(inventory.hosts)} host(s), {len(groups)} group(s)")
+    return EXIT_OK
+
+
+def _cmd_grants_explain(args: argparse.Namespace) -> int:
+    """Whether a uid may call a tool on a target, the way the daemon decides it."""
+    import grp
+    import pwd
+
+    from sshadapter.daemon.authorize import Peer
+    from sshadapter.daemon.grants import Access
+    from sshadapter.inventory import load_inventory
+
+    _, config, registry, _ = _load_with_path(args)
+    op = registry.get(args.tool)
+    if op is None:
+        print(f"sshadapter: no tool {args.tool!r} in {registry_dir(registry)}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        user = pwd.getpwuid(int(args.uid)) if args.uid.isdigit() else pwd.getpwnam(args.uid)
+    except (KeyError, OverflowError):
+        print(f"sshadapter: no user {args.uid!r} on this system", file=sys.stderr)
+        return EXIT_USAGE
+    groups = frozenset(os.getgrouplist(user.pw_name, user.pw_gid))
+    peer = Peer(pid=0, uid=user.pw_uid, gid=user.pw_gid, groups=groups)
+    access = Access(registry, load_inventory(config), config.grants, config.server.allow)
+    names = ", ".join(sorted(grp.getgrgid(g).gr_name for g in groups if _group_exists(g)))
+    print(f"uid {user.pw_uid} ({user.pw_name}; groups: {names or '-'}), {op.name}, {args.target}")
+    for line in access.explain(op, peer, args.target):
+        print(f"  {line}")
+    return EXIT_OK if args.target in access.choices(op, peer) else EXIT_FAILED
+
+
+def _group_exists(gid: int) -> bool:
+    import grp
+
+    try:
+        grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return True
 
 
 def registry_dir(registry: Registry) -> str:

@@ -15,12 +15,20 @@ import os
 import re
 import tomllib
 import types
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    create_model,
+    field_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -57,12 +65,23 @@ DEFAULT_WRITE_TIMEOUT_SECONDS: Final = 30.0
 # One keeps the loop and its small calls responsive on two cores; each costs ~60 MB of
 # memory. (Workers keep the daemon's CPU priority: see offload.py.)
 DEFAULT_EVALUATION_WORKERS: Final = 1
+# Hosts of all fan-outs in flight at once: a 1,000-host fan-out takes one call slot and its
+# hosts share these, so single calls keep max_concurrent_calls for themselves.
+DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT: Final = 64
 DEFAULT_DRAIN_TIMEOUT_SECONDS: Final = 30.0  # SIGTERM waits this long for in-flight calls
 DEFAULT_QUARANTINE_MAX_BYTES: Final = 256 * 1024 * 1024  # rejected outputs kept, oldest removed
 DEFAULT_CONNECT_TIMEOUT_SECONDS: Final = 10.0  # TCP + SSH handshake to one host
 DEFAULT_HOST_MAX_CONNECTIONS: Final = 6  # 6 x 6 channels >= 32 calls; opened one at a time
 DEFAULT_MAX_CHANNELS_PER_CONNECTION: Final = 6  # below sshd's MaxSessions 10, which frees late
 DEFAULT_KEEPALIVE_SECONDS: Final = 30.0  # notice a dead connection before a call does
+# An inventory file holds hosts and groups written or imported for review: ~150 bytes a
+# host, so tens of thousands of hosts; a larger file is a mistake, not an inventory.
+MAX_INVENTORY_FILE_BYTES: Final = 8 * 1024 * 1024
+MAX_INVENTORY_FILES: Final = 1000  # files in the inventory directory; more is a mistake
+# A target is a host alias or a group name: one namespace, the agent's `target` argument.
+TARGET_NAME: Final = r"^[a-z][a-z0-9_-]{0,62}$"
+LABEL_WORD: Final = r"^[a-z][a-z0-9_-]{0,62}$"  # label keys and values: words, never patterns
+MAX_LABELS: Final = 32  # per host: labels select groups at load, they are not a database
 
 
 class _Section(BaseModel):
@@ -103,11 +122,16 @@ class ServerSection(_Section):
     write_timeout_seconds: Annotated[float, Field(gt=0)] = DEFAULT_WRITE_TIMEOUT_SECONDS
     drain_timeout_seconds: Annotated[float, Field(gt=0)] = DEFAULT_DRAIN_TIMEOUT_SECONDS
     evaluation_workers: Annotated[int, Field(ge=0, le=64)] = DEFAULT_EVALUATION_WORKERS
+    max_fanout_hosts_in_flight: Annotated[int, Field(ge=1, le=4096)] = (
+        DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT
+    )
 
 
 class PathsSection(_Section):
     commands: Path = Path("commands")
     schemas: Path = Path("schemas")
+    inventory: str = ""
+    """A directory of ``*.toml`` inventory files (hosts and groups); empty: none."""
 
 
 class AuditSection(_Section):
@@ -157,6 +181,58 @@ class HostSection(_Section):
     keepalive_seconds: Annotated[float, Field(gt=0)] = DEFAULT_KEEPALIVE_SECONDS
     # The host runs sshadapter-dispatch as the key's forced command (docs/dispatcher.md).
     dispatch: bool = False
+    labels: Annotated[
+        dict[
+            Annotated[str, Field(pattern=LABEL_WORD)],
+            Annotated[str, Field(pattern=LABEL_WORD)],
+        ],
+        Field(max_length=MAX_LABELS),
+    ] = {}
+
+
+def _optional(field: Any) -> Any:
+    """The field's type and constraints, None allowed (for [host_defaults])."""
+    kind = field.annotation
+    if field.metadata:
+        kind = Annotated[(kind, *field.metadata)]
+    return kind | None
+
+
+# `[host_defaults]`: every HostSection key, none required; a host inherits each key it does
+# not set (labels: merged, the host's own win).
+HostDefaults: Final[type[_Section]] = create_model(  # type: ignore[call-overload]
+    "HostDefaults",
+    __base__=_Section,
+    **{
+        name: (_optional(field), None)
+        for name, field in HostSection.model_fields.items()
+        if name != "address"  # one address for many hosts is a copy slip, not a default
+    },
+)
+
+
+class GroupSection(_Section):
+    """A named, closed set of hosts, resolved at load (sshadapter/inventory.py)."""
+
+    match: dict[
+        Annotated[str, Field(pattern=LABEL_WORD)], Annotated[str, Field(pattern=LABEL_WORD)]
+    ] = {}
+    """Every host whose labels include all of these (equality, AND)."""
+    members: tuple[Annotated[str, Field(pattern=TARGET_NAME)], ...] = ()
+    """Host aliases or other groups, added."""
+    exclude: tuple[Annotated[str, Field(pattern=TARGET_NAME)], ...] = ()
+    """Host aliases or other groups, taken away last."""
+
+
+class Grant(_Section):
+    """Who (uids, unix groups) may run which tools on which targets: deny by default."""
+
+    uids: tuple[Annotated[int, Field(ge=0)], ...] = ()
+    groups: tuple[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")], ...] = ()
+    tools: tuple[Annotated[str, Field(pattern=r"^([a-z][a-z0-9_]{1,62}|\*)$")], ...] = Field(
+        min_length=1
+    )
+    targets: tuple[Annotated[str, Field(pattern=TARGET_NAME)], ...] = Field(min_length=1)
 
 
 class ConfigFile(_Section):
@@ -166,7 +242,10 @@ class ConfigFile(_Section):
     paths: PathsSection = PathsSection()
     audit: AuditSection = AuditSection()
     metrics: MetricsSection = MetricsSection()
-    hosts: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")], HostSection] = {}
+    host_defaults: HostDefaults = HostDefaults()  # type: ignore[valid-type]
+    hosts: dict[Annotated[str, Field(pattern=TARGET_NAME)], HostSection] = {}
+    groups: dict[Annotated[str, Field(pattern=TARGET_NAME)], GroupSection] = {}
+    grants: tuple[Grant, ...] = ()
 
 
 class Config(BaseSettings, ConfigFile):
@@ -179,6 +258,13 @@ class Config(BaseSettings, ConfigFile):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTING, extra="forbid", frozen=True
     )
+
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def origins(self) -> Mapping[str, str]:
+        """The file that defined each host alias and group name (errors name it)."""
+        return self._origins
 
     @classmethod
     def settings_customise_sources(
@@ -194,23 +280,21 @@ class Config(BaseSettings, ConfigFile):
 
 
 def load_config(path: Path | None) -> tuple[Config, Path]:
-    """Load ``path`` (or the defaults when None) and return it with its base directory.
+    """Load ``path`` (or the defaults when None), then its inventory directory, and return
+    the whole configuration with its base directory.
 
     The one validation ``check``, ``serve`` and every other command use. Raises
     ConfigError naming the file (or the environment variable), the key and the reason.
+    Hosts and groups of the inventory files join the file's own (a duplicate name is an
+    error naming both files); ``Config.origins`` says which file defined each.
     """
     data: dict[str, Any] = {}
     base = Path.cwd()
     name = str(path) if path else "<defaults>"
     if path is not None:
-        raw = read_bounded(path, MAX_CONFIG_BYTES)
-        try:
-            data = tomllib.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            raise ConfigError(name, "", f"not UTF-8 (byte {exc.start})") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(name, "", f"not valid TOML: {exc}") from exc
+        data = _read_toml(path, MAX_CONFIG_BYTES)
         base = path.resolve().parent
+    data = _with_host_defaults(data, {})
     try:
         ConfigFile.model_validate_json(orjson.dumps(data), strict=True)
     except ValidationError as exc:
@@ -222,8 +306,97 @@ def load_config(path: Path | None) -> tuple[Config, Path]:
         raise _validation_error(_variable_of(loc) or "the environment", exc) from exc
     except SettingsError as exc:  # a table's variable that is not JSON
         raise _unparsed_variable(exc) from exc
-    paths = PathsSection(commands=base / config.paths.commands, schemas=base / config.paths.schemas)
-    return config.model_copy(update={"paths": paths}), base
+    inventory = base / config.paths.inventory if config.paths.inventory else None
+    paths = PathsSection(
+        commands=base / config.paths.commands,
+        schemas=base / config.paths.schemas,
+        inventory=str(inventory or ""),
+    )
+    origins = {target: name for target in (*config.hosts, *config.groups)}
+    hosts, groups = dict(config.hosts), dict(config.groups)
+    if inventory is not None:
+        defaults = data.get("host_defaults", {})
+        for file in _inventory_files(inventory, name):
+            part = _read_inventory_file(file, defaults)
+            for kind, found in (("hosts", part.hosts), ("groups", part.groups)):
+                for target in found:
+                    if target in origins:
+                        raise ConfigError(
+                            str(file),
+                            f"{kind}.{target}",
+                            f"{target!r} is already defined in {origins[target]}",
+                        )
+                    origins[target] = str(file)
+            hosts.update(part.hosts)
+            groups.update(part.groups)
+    loaded = config.model_copy(update={"paths": paths, "hosts": hosts, "groups": groups})
+    loaded._origins = origins
+    return loaded, base
+
+
+class InventoryFile(_Section):
+    """What one file of the inventory directory may say."""
+
+    host_defaults: HostDefaults = HostDefaults()  # type: ignore[valid-type]
+    hosts: dict[Annotated[str, Field(pattern=TARGET_NAME)], HostSection] = {}
+    groups: dict[Annotated[str, Field(pattern=TARGET_NAME)], GroupSection] = {}
+
+
+def _read_toml(path: Path, max_bytes: int) -> dict[str, Any]:
+    raw = read_bounded(path, max_bytes)
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), "", f"not UTF-8 (byte {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), "", f"not valid TOML: {exc}") from exc
+
+
+def _with_host_defaults(data: dict[str, Any], outer: Any) -> dict[str, Any]:
+    """``data`` with ``[host_defaults]`` (over ``outer``, the config file's) written into each
+    of its hosts: a key a host sets wins; labels are merged, the host's own winning.
+
+    Anything not a table is left for validation to name.
+    """
+    mine = data.get("host_defaults", {})
+    hosts = data.get("hosts")
+    if not isinstance(mine, dict) or not isinstance(outer, dict) or not isinstance(hosts, dict):
+        return data
+    defaults = {**outer, **mine}
+    if isinstance(outer.get("labels"), dict) and isinstance(mine.get("labels"), dict):
+        defaults["labels"] = {**outer["labels"], **mine["labels"]}
+    if not defaults:
+        return data
+    merged = {}
+    for alias, host in hosts.items():
+        if not isinstance(host, dict):
+            merged[alias] = host
+            continue
+        entry = {**defaults, **host}
+        if isinstance(defaults.get("labels"), dict) and isinstance(host.get("labels"), dict):
+            entry["labels"] = {**defaults["labels"], **host["labels"]}
+        merged[alias] = entry
+    return {**data, "hosts": merged}
+
+
+def _inventory_files(directory: Path, config_name: str) -> list[Path]:
+    """The ``*.toml`` files of the inventory directory, sorted, or ConfigError."""
+    if not directory.is_dir():
+        raise ConfigError(config_name, "paths.inventory", f"{directory} is not a directory")
+    files = sorted(directory.glob("*.toml"))
+    if len(files) > MAX_INVENTORY_FILES:
+        raise ConfigError(
+            str(directory), "", f"{len(files)} files: more than {MAX_INVENTORY_FILES}"
+        )
+    return files
+
+
+def _read_inventory_file(path: Path, defaults: Any) -> InventoryFile:
+    data = _with_host_defaults(_read_toml(path, MAX_INVENTORY_FILE_BYTES), defaults)
+    try:
+        return InventoryFile.model_validate_json(orjson.dumps(data), strict=True)
+    except ValidationError as exc:
+        raise _validation_error(str(path), exc) from exc
 
 
 def _validation_error(name: str, exc: ValidationError) -> ConfigError:

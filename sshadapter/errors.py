@@ -102,6 +102,14 @@ REQUEST_REASONS: Final = frozenset(
         "unsendable_argument",  # a NUL byte: no remote command could ever receive it
         "command_too_long",  # the filled command is over argv.MAX_COMMAND_BYTES
         "not_allowed",  # DENIED: the caller's uid and groups are not in `allow`
+        # `run_on` names no target the caller may use: it does not exist, or the operation
+        # does not list it, or no grant gives it. One answer for all three (no existence
+        # oracle); the audit keeps which one it was.
+        "unknown_target",
+        "target_not_granted",
+        "target_not_listed",
+        "too_many_hosts",  # the target has more hosts than the operation's [fanout] max_hosts
+        "fanout_disabled",  # a group named for an operation that runs on one host per call
     }
 )
 
@@ -120,6 +128,8 @@ TRANSPORT_REASONS: Final = frozenset(
         "command_timeout",  # the command ran longer than timeout_seconds; channel closed
         "no_credentials",  # the configured key file or credential cannot be read
         "pool_closed",  # the daemon is shutting down
+        "fanout_deadline",  # a fan-out's deadline_seconds passed before this host answered
+        "fanout_cancelled",  # the fan-out was cancelled (client gone, drain) before it answered
     }
 )
 

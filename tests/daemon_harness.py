@@ -16,6 +16,8 @@ from sshadapter.config import (
     Allow,
     AuditSection,
     Config,
+    Grant,
+    GroupSection,
     HostSection,
     PathsSection,
     ServerSection,
@@ -101,6 +103,8 @@ def with_daemon(
     ssh: bool = False,
     dispatch_hosts: Collection[str] = (),
     dispatch_clock: Callable[[], float] | None = None,
+    groups: Mapping[str, GroupSection] | None = None,
+    grants: tuple[Grant, ...] = (),
     **server: Any,
 ) -> None:
     """Start a daemon, run ``body`` against it, stop it (draining), all in one event loop.
@@ -108,6 +112,7 @@ def with_daemon(
     The daemon is ``daemon.assemble``'s, as `serve` builds it; ``runner`` replaces its
     runner (default: the scripted job runner; ``ssh=True``: the production SSH runner).
     ``dispatch_hosts`` are `dispatch = true`; ``dispatch_clock`` is their policy monitor's.
+    ``groups`` and ``grants`` are the configuration's `[groups]` and `[[grants]]`.
     """
 
     commands = commands or shipped_commands(tmp_path)
@@ -140,6 +145,8 @@ def with_daemon(
                     for alias in ("ci", "local")
                 }
             ),
+            groups=dict(groups or {}),
+            grants=grants,
         )
         use = None if ssh else runner or job_runner()
         daemon = assemble(

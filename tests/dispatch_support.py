@@ -39,6 +39,7 @@ def registry_of(commands: Path, schemas: Path, dispatch_hosts: tuple[str, ...] =
 
 
 def policy_for(registry: Registry, op: Operation) -> dict[str, Any]:
+    assert op.spec.host is not None, "an operation on one host"
     return dict(policy.host_policies(registry)[op.spec.host])
 
 

@@ -353,6 +353,9 @@ class FaultServer:
         self.user = "fault"
         self.flood_bytes_written = 0  # by the last flood, when the client cut it off
         self.commands_seen: list[str] = []  # every exec request the server acted on
+        self.forced_command: str | None = None
+        """Run this instead of what the client asked (like sshd's ForceCommand): one
+        server of a fleet hangs or lies while the others answer the same command."""
         host_key = asyncssh.generate_private_key("ssh-ed25519")
         client_key = asyncssh.generate_private_key("ssh-ed25519")
         self.client_key = workdir / "fault_client_key"
@@ -450,7 +453,7 @@ class FaultServer:
 
     async def _handle(self, process: asyncssh.SSHServerProcess[bytes]) -> None:
         self.commands_seen.append(process.command or "")
-        verb, *args = (process.command or "").split()
+        verb, *args = (self.forced_command or process.command or "").split()
         status = 0
         try:
             if verb == "hang":

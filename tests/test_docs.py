@@ -122,7 +122,11 @@ def test_every_config_section_and_key_is_documented() -> None:
     for name, field in ConfigFile.model_fields.items():
         for suffix, section in _models_in(field.annotation):
             assert f"[{name}{suffix}]" in documented, f"[{name}{suffix}] has no row"
-            tables = list(example.get(name, {}).values()) if suffix else [example.get(name, {})]
+            found = example.get(name, {})
+            if isinstance(found, list):  # an array of tables, [[grants]]
+                tables = found
+            else:
+                tables = list(found.values()) if suffix else [found]
             written = {key for table in tables for key in table}
             assert written, f"config.example.toml has no [{name}{suffix}]"
             for key, sub in section.model_fields.items():

@@ -20,7 +20,16 @@ HOST_PROGRAM = "sshadapter.dispatch.dispatcher"  # shipped as a file, never impo
 # The root modules every part may use: they import only one another.
 LEAVES = frozenset(
     f"sshadapter{name}"
-    for name in ("", ".errors", ".rfc8259", ".strict_json", ".config", ".bounded_read", ".client")
+    for name in (
+        "",
+        ".errors",
+        ".rfc8259",
+        ".strict_json",
+        ".config",
+        ".inventory",
+        ".bounded_read",
+        ".client",
+    )
 )
 # What each part may import besides itself and the leaves. The seam's value type
 # (runners.interface.RunResult) is what the contract judges, so it may use that module.

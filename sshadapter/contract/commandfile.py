@@ -47,6 +47,21 @@ MAX_RETRY_ATTEMPTS: Final = 5
 EXIT_MEANINGS: Final = ("success", "NOT_FOUND", "UPSTREAM_UNAVAILABLE", "INVALID_RESPONSE")
 FAILURE_MEANINGS: Final = EXIT_MEANINGS[1:]  # what stderr may choose between (never success)
 MAX_STDERR_PATTERN_CHARS: Final = 1024  # a pattern names one known message, not a grammar
+# The agent's one reserved argument: which host or group a multi-target operation runs on
+# (not "target": mount_info already has a parameter of that name, and so may others).
+# No parameter may have this name (the loader refuses it), so it never collides.
+TARGET_ARGUMENT: Final = "run_on"
+MAX_TARGETS: Final = 256  # names in one command file's `targets`: groups exist for more
+# Fan-out bounds, each with its reason (docs/command-files.md "targets and fanout").
+DEFAULT_FANOUT_MAX_HOSTS: Final = 1000  # one daemon's fleet; a larger call is a mistake
+MAX_FANOUT_HOSTS: Final = 10_000
+DEFAULT_FANOUT_CONCURRENCY: Final = 32  # hosts in flight: ~what 2 cores of crypto sustain
+MAX_FANOUT_CONCURRENCY: Final = 1024
+DEFAULT_FANOUT_DEADLINE_SECONDS: Final = 60.0  # an agent waits a minute for a fleet, not more
+# Entries in one answer: ~160 bytes each, so 100 is ~16 KB, well under the 25,000 tokens
+# an agent host such as Claude Code accepts from one tool result by default.
+DEFAULT_FANOUT_MAX_RESULTS: Final = 100
+MAX_FANOUT_RESULTS: Final = 1000
 
 
 class _Table(BaseModel):
@@ -193,10 +208,30 @@ class RetrySection(_Table):
     on: tuple[Literal["UPSTREAM_UNAVAILABLE"], ...] = ()
 
 
+class FanoutSection(_Table):
+    """How a call on a group runs: docs/command-files.md "targets and fanout"."""
+
+    enabled: bool | None = None
+    """A group may be named; None: only for a `read_only` operation."""
+    max_hosts: Annotated[int, Field(ge=1, le=MAX_FANOUT_HOSTS)] = DEFAULT_FANOUT_MAX_HOSTS
+    concurrency: Annotated[int, Field(ge=1, le=MAX_FANOUT_CONCURRENCY)] = DEFAULT_FANOUT_CONCURRENCY
+    deadline_seconds: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_SECONDS)] = (
+        DEFAULT_FANOUT_DEADLINE_SECONDS
+    )
+    max_results: Annotated[int, Field(ge=1, le=MAX_FANOUT_RESULTS)] = DEFAULT_FANOUT_MAX_RESULTS
+    single_host: bool = True
+    """The agent may also name one member host of a listed group."""
+
+
+TargetName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")]
+
+
 class CommandFile(_Table):
     description: Annotated[str, Field(min_length=1, max_length=500)]
     version: Annotated[int, Field(ge=1)]
-    host: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")]
+    host: TargetName | None = None
+    targets: tuple[TargetName, ...] = Field(default=(), max_length=MAX_TARGETS)
+    fanout: FanoutSection = FanoutSection()
     argv: tuple[Annotated[str, Field(max_length=4096)], ...] = Field(min_length=1, max_length=256)
     timeout_seconds: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_SECONDS)] = DEFAULT_TIMEOUT_SECONDS
     idempotent: bool = False
@@ -212,6 +247,31 @@ class CommandFile(_Table):
     checks: Checks = Checks()
     agent: AgentSection
     retry: RetrySection = RetrySection()
+
+    @property
+    def multi(self) -> bool:
+        """It runs on targets the agent names (``targets``), not on one fixed ``host``."""
+        return bool(self.targets)
+
+    @property
+    def fans_out(self) -> bool:
+        """A group may be named: `[fanout] enabled`, by default only when read-only."""
+        return self.read_only if self.fanout.enabled is None else self.fanout.enabled
+
+    @model_validator(mode="after")
+    def _one_place_to_run(self) -> CommandFile:
+        if (self.host is None) == (not self.targets):
+            raise _KeyedError("targets", "give exactly one of `host` or `targets`")
+        if len(set(self.targets)) != len(self.targets):
+            raise _KeyedError("targets", "a target is listed twice")
+        if TARGET_ARGUMENT in self.params:
+            raise _KeyedError(
+                f"params.{TARGET_ARGUMENT}",
+                f"{TARGET_ARGUMENT!r} is reserved: it is the argument that names the target",
+            )
+        if self.host is not None and "fanout" in self.model_fields_set:
+            raise _KeyedError("fanout", "applies to an operation with `targets`, not `host`")
+        return self
 
     @model_validator(mode="after")
     def _retries_need_idempotence(self) -> CommandFile:

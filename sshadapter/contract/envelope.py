@@ -67,12 +67,7 @@ def _branches(tool: str, data: Mapping[str, Any], codes: list[str]) -> list[dict
             "properties": {
                 **common,
                 "outcome": {"const": "failure"},
-                "error": {
-                    "type": "object",
-                    "required": ["code", "retryable"],
-                    "properties": {"code": {"enum": codes}, "retryable": {"type": "boolean"}},
-                    "additionalProperties": False,
-                },
+                "error": _error_schema(codes),
             },
             "additionalProperties": False,
         },
@@ -133,6 +128,157 @@ def envelope_guard_schema(published: Mapping[str, Any]) -> dict[str, Any]:
     guarded_data = {**data, "properties": {name: True for name in data["properties"]}}
     guarded_success = {**success, "properties": {**success["properties"], "data": guarded_data}}
     return {"$schema": DRAFT_2020_12, "type": "object", "oneOf": [guarded_success, failure_branch]}
+
+
+FANOUT_TARGET_PATTERN: Final = "^[a-z][a-z0-9_-]{0,62}$"  # config.TARGET_NAME
+
+
+def fanout_data(target: str, results: list[dict[str, Any]], max_results: int) -> dict[str, Any]:
+    """The `data` of a fan-out answer: counts, then at most ``max_results`` host entries,
+    failures first (by code, then alias), then successes (by alias); ``omitted`` counts
+    what the cap left out. ``results`` holds one entry per host (``host_entry``)."""
+    failed = sorted(
+        (r for r in results if r["outcome"] == "failure"),
+        key=lambda r: (r["error"]["code"], r["host"]),
+    )
+    succeeded = sorted((r for r in results if r["outcome"] == "success"), key=lambda r: r["host"])
+    by_code: dict[str, int] = {}
+    for entry in failed:
+        by_code[entry["error"]["code"]] = by_code.get(entry["error"]["code"], 0) + 1
+    shown = (failed + succeeded)[:max_results]
+    return {
+        "target": target,
+        "hosts": len(results),
+        "succeeded": len(succeeded),
+        "failed": len(failed),
+        "omitted": len(results) - len(shown),
+        "failures_by_code": dict(sorted(by_code.items())),
+        "results": shown,
+    }
+
+
+def host_entry(host: str, sealed: Mapping[str, Any]) -> dict[str, Any]:
+    """One host's entry of a fan-out answer, from that host's own sealed envelope."""
+    if sealed["outcome"] == "success":
+        return {"host": host, "outcome": "success", "data": sealed["data"]}
+    return {"host": host, "outcome": "failure", "error": sealed["error"]}
+
+
+def fanout_schema(
+    tool: str,
+    *,
+    version: int,
+    description: str,
+    projection: Projection,
+    declares_not_found: bool,
+    max_results: int,
+) -> dict[str, Any]:
+    """The published envelope of an operation with ``targets``: a fan-out answer.
+
+    `data` holds counts and one entry per host (at most ``max_results``), each entry
+    that host's own closed envelope without `tool` and `request_id`: the host alias
+    and the operation's `[agent].fields`, or a failure with one of the codes. The
+    top-level failure branch is for a call on which nothing ran.
+    """
+    host_data = {
+        "type": "object",
+        "properties": dict(projection.properties),
+        "required": list(projection.required),
+        "additionalProperties": False,
+    }
+    codes = [c for c in CODES if c != "NOT_FOUND" or declares_not_found]
+    host = {"type": "string", "pattern": FANOUT_TARGET_PATTERN}
+    count = {"type": "integer", "minimum": 0}
+    entry = {
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["host", "outcome", "data"],
+                "properties": {"host": host, "outcome": {"const": "success"}, "data": host_data},
+                "additionalProperties": False,
+            },
+            {
+                "type": "object",
+                "required": ["host", "outcome", "error"],
+                "properties": {
+                    "host": host,
+                    "outcome": {"const": "failure"},
+                    "error": _error_schema(codes),
+                },
+                "additionalProperties": False,
+            },
+        ]
+    }
+    data = {
+        "type": "object",
+        "required": list(_FANOUT_KEYS),
+        "properties": {
+            "target": host,
+            "hosts": {"type": "integer", "minimum": 1},
+            "succeeded": count,
+            "failed": count,
+            "omitted": count,
+            "failures_by_code": {
+                "type": "object",
+                "propertyNames": {"enum": codes},
+                "additionalProperties": {"type": "integer", "minimum": 1},
+            },
+            "results": {"type": "array", "maxItems": max_results, "items": entry},
+        },
+        "additionalProperties": False,
+    }
+    content: dict[str, Any] = {
+        "$schema": DRAFT_2020_12,
+        "title": f"{tool} v{version} fan-out result envelope",
+        "description": description,
+        "type": "object",
+        "oneOf": _branches(tool, data, codes),
+    }
+    if projection.defs:
+        content["$defs"] = dict(projection.defs)
+    digest = hashlib.sha256(orjson.dumps(content, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return {"$id": f"{ENVELOPE_BASE_URI}{tool}.v{version}.{digest[:16]}.json", **content}
+
+
+_FANOUT_KEYS: Final = (
+    "target",
+    "hosts",
+    "succeeded",
+    "failed",
+    "omitted",
+    "failures_by_code",
+    "results",
+)
+
+
+def fanout_guard_schema(published: Mapping[str, Any]) -> dict[str, Any]:
+    """``envelope_guard_schema`` for a fan-out: each host's data values are not validated
+    again (each is the very object its host's stages validated), the rest is."""
+    success, failure_branch = published["oneOf"]
+    data = success["properties"]["data"]
+    results = data["properties"]["results"]
+    host_ok, host_failed = results["items"]["oneOf"]
+    host_data = host_ok["properties"]["data"]
+    guarded_ok = {
+        **host_ok,
+        "properties": {
+            **host_ok["properties"],
+            "data": {**host_data, "properties": {n: True for n in host_data["properties"]}},
+        },
+    }
+    guarded_results = {**results, "items": {"oneOf": [guarded_ok, host_failed]}}
+    guarded_data = {**data, "properties": {**data["properties"], "results": guarded_results}}
+    guarded_success = {**success, "properties": {**success["properties"], "data": guarded_data}}
+    return {"$schema": DRAFT_2020_12, "type": "object", "oneOf": [guarded_success, failure_branch]}
+
+
+def _error_schema(codes: list[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["code", "retryable"],
+        "properties": {"code": {"enum": codes}, "retryable": {"type": "boolean"}},
+        "additionalProperties": False,
+    }
 
 
 SYSTEM_ENVELOPE_SCHEMA: Final[Mapping[str, Any]] = {

@@ -162,7 +162,7 @@ def seal(op: Operation, request_id: str, verdict: Verdict) -> dict[str, Any]:
         sealed = envelope.failure(op.name, request_id, failure.code, failure.retryable)
     else:  # neither data nor a failure: a bug
         sealed = envelope.failure(op.name, request_id, "INTERNAL")
-    if not op.envelope_guard.is_valid(sealed):  # the projection broke its own contract
+    if not op.host_guard.is_valid(sealed):  # the projection broke its own contract
         log.error("envelope for %s does not match its schema", op.name)
         return envelope.failure(op.name, request_id, "INTERNAL")
     return sealed

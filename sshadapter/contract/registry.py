@@ -68,6 +68,9 @@ class Operation:
     """The published schema, in full: tests and `sshadapter check`."""
     envelope_guard: Validator
     """The same minus re-validating data values: every response (see envelope_guard_schema)."""
+    host_guard: Validator
+    """The guard of one host's envelope: ``envelope_guard`` for an operation on one
+    ``host``; for one with ``targets``, each host's own envelope inside the fan-out answer."""
     warnings: tuple[tuple[str, str], ...] = ()
     """(key, text) an operator should read: `sshadapter check` prints them, loads log them."""
     dispatched: bool = False
@@ -82,8 +85,13 @@ class Operation:
             "command_sha256": self.sha256,
             "schema_sha256": self.schema.sha256,
             "adapter_version": __version__,
-            "host": self.spec.host,
+            **({"host": self.spec.host} if self.spec.host is not None else {}),
         }
+
+    @property
+    def multi(self) -> bool:
+        """The agent names a target (``targets``): the answer is a fan-out envelope."""
+        return self.spec.multi
 
     @cached_property
     def list_entry(self) -> Mapping[str, Any]:
@@ -130,16 +138,29 @@ class RegistrySource:
     """Host aliases behind sshadapter-dispatch (`dispatch = true`): their operations must
     be ones the dispatcher can enforce: ``dispatch.policy.host_policies`` builds their
     policies from the registry (docs/dispatcher.md)."""
+    dispatch_groups: frozenset[str] = frozenset()
+    """Groups with at least one dispatch host among their members."""
 
     @classmethod
     def read(
-        cls, commands_dir: Path, schemas_dir: Path, dispatch_hosts: Collection[str] = ()
+        cls,
+        commands_dir: Path,
+        schemas_dir: Path,
+        dispatch_hosts: Collection[str] = (),
+        dispatch_groups: Collection[str] = (),
     ) -> RegistrySource:
         if not commands_dir.is_dir():
             raise ConfigError(str(commands_dir), "", "commands directory does not exist")
         commands = {p.name: read_command_bytes(p) for p in sorted(commands_dir.glob("*.toml"))}
         schemas = read_schema_files(schemas_dir)
-        return cls(commands_dir, schemas_dir, commands, schemas, frozenset(dispatch_hosts))
+        return cls(
+            commands_dir,
+            schemas_dir,
+            commands,
+            schemas,
+            frozenset(dispatch_hosts),
+            frozenset(dispatch_groups),
+        )
 
     @property
     def digest(self) -> str:
@@ -151,6 +172,8 @@ class RegistrySource:
                 h.update(raw)
         for alias in sorted(self.dispatch_hosts):
             h.update(f"dispatch/{alias}\0".encode())
+        for group in sorted(self.dispatch_groups):
+            h.update(f"dispatch-group/{group}\0".encode())
         return h.hexdigest()
 
 
@@ -176,13 +199,18 @@ def load_registry(
     *,
     hosts: Collection[str] | None,
     dispatch_hosts: Collection[str] = (),
+    groups: Collection[str] = (),
+    dispatch_groups: Collection[str] = (),
 ) -> Registry:
-    """Load a whole directory or raise ConfigError; ``hosts=None`` skips the host check."""
-    source = RegistrySource.read(commands_dir, schemas_dir, dispatch_hosts)
-    return build_registry(source, hosts=hosts)
+    """Load a whole directory or raise ConfigError; ``hosts=None`` skips the check that
+    each ``host`` and ``targets`` name is a host alias or (``groups``) a group."""
+    source = RegistrySource.read(commands_dir, schemas_dir, dispatch_hosts, dispatch_groups)
+    return build_registry(source, hosts=hosts, groups=groups)
 
 
-def build_registry(source: RegistrySource, *, hosts: Collection[str] | None) -> Registry:
+def build_registry(
+    source: RegistrySource, *, hosts: Collection[str] | None, groups: Collection[str] = ()
+) -> Registry:
     """The registry of ``source``, or ConfigError naming the first bad file.
 
     Whether a dispatch host's dispatcher can enforce its operations is decided where
@@ -195,8 +223,9 @@ def build_registry(source: RegistrySource, *, hosts: Collection[str] | None) -> 
             source.commands_dir / name,
             schemas,
             hosts=hosts,
+            groups=groups,
             raw=raw,
-            dispatch_hosts=source.dispatch_hosts,
+            dispatch_hosts=source.dispatch_hosts | source.dispatch_groups,
         )
         operations[operation.name] = operation
     return Registry(operations, schemas, source, f"sha256:{source.digest}")
@@ -207,6 +236,7 @@ def load_operation(
     schemas: SchemaSet,
     *,
     hosts: Collection[str] | None,
+    groups: Collection[str] = (),
     raw: bytes | None = None,
     dispatch_hosts: Collection[str] = (),
 ) -> Operation:
@@ -220,8 +250,12 @@ def load_operation(
     if raw is None:
         raw = read_command_bytes(path)
     spec = parse_command_file(path, raw)
-    if hosts is not None and spec.host not in hosts:
+    if hosts is not None and spec.host is not None and spec.host not in hosts:
         raise ConfigError(file, "host", f"no [hosts.{spec.host}] in the configuration")
+    known = set() if hosts is None else {*hosts, *groups}
+    for target in spec.targets if hosts is not None else ():
+        if target not in known:
+            raise ConfigError(file, "targets", f"{target!r} is no host alias and no group")
     argv = parse_template(file, spec.argv)
     check_params_used(file, spec, argv)
     params_schema = params_schema_of(file, spec)
@@ -230,13 +264,25 @@ def load_operation(
     _check_optional_keys(file, spec, schema)
     parser = _build_parser(file, spec)
     _check_extracted_fields(file, spec, schema, parser)
+    projection = schemas.project(schema, spec.agent.fields)
+    declares_not_found = "NOT_FOUND" in spec.output.meanings
     env_schema = envelope.envelope_schema(
         name,
         version=spec.version,
         description=spec.description,
-        projection=schemas.project(schema, spec.agent.fields),
-        declares_not_found="NOT_FOUND" in spec.output.meanings,
+        projection=projection,
+        declares_not_found=declares_not_found,
     )
+    host_guard = schemas.compile(envelope.envelope_guard_schema(env_schema), file=file)
+    if spec.multi:
+        env_schema = envelope.fanout_schema(
+            name,
+            version=spec.version,
+            description=spec.description,
+            projection=projection,
+            declares_not_found=declares_not_found,
+            max_results=spec.fanout.max_results,
+        )
     return Operation(
         name=name,
         file=path,
@@ -251,9 +297,14 @@ def load_operation(
         output_validator=schemas.compile(schema.contents, file=file, base_uri=schema.uri),
         envelope_schema=env_schema,
         envelope_validator=schemas.compile(env_schema, file=file),
-        envelope_guard=schemas.compile(envelope.envelope_guard_schema(env_schema), file=file),
+        envelope_guard=(
+            schemas.compile(envelope.fanout_guard_schema(env_schema), file=file)
+            if spec.multi
+            else host_guard
+        ),
+        host_guard=host_guard,
         warnings=tuple(param_warnings(spec)),
-        dispatched=spec.host in dispatch_hosts,
+        dispatched=any(t in dispatch_hosts for t in (spec.host, *spec.targets) if t),
     )
 
 

@@ -38,6 +38,7 @@ def assemble(
     sleep: Sleep = asyncio.sleep,
     judge: Judge | None = None,
     dispatch_clock: Callable[[], float] | None = None,
+    config_path: Path | None = None,
 ) -> Daemon:
     """Everything a daemon is made of, from one configuration: serve, demo and tests use it.
 
@@ -48,7 +49,8 @@ def assemble(
     pieces that use it: the Service and the Daemon share them. Raises ConfigError
     naming the path and the reason when a file or directory cannot be used.
     """
-    registry, policies = load(config)
+    loaded = load(config)
+    registry, policies = loaded.registry, loaded.policies
     metrics = Metrics()
     audit = AuditLog(config.audit.path, fsync=config.audit.fsync)
     audit.open()
@@ -86,6 +88,9 @@ def assemble(
         sleep=sleep,
         judge=judge,
         dispatch=monitor,
+        inventory=loaded.inventory,
+        grants=loaded.grants,
+        max_fanout_hosts_in_flight=config.server.max_fanout_hosts_in_flight,
     )
     return Daemon(
         config,
@@ -95,13 +100,14 @@ def assemble(
         metrics=metrics,
         judge=judge,
         dispatch=monitor,
+        config_path=config_path,
     )
 
 
 async def run_daemon(config_path: Path | None) -> int:
     """`sshadapter serve`: load everything, bind, serve until told to stop."""
     config, _ = load_config(config_path)
-    daemon = assemble(config)
+    daemon = assemble(config, config_path=config_path)
     if (metrics := config.metrics.address) is not None:  # its form checked by load_config
         host, port = metrics
         try:

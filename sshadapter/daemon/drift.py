@@ -94,12 +94,12 @@ class PolicyMonitor:
     def state(self, alias: str) -> HostState | None:
         return self._states.get(alias)
 
-    def refusal(self, op: Operation) -> str | None:
-        """Why ``op`` may not be sent now (audit detail), or None."""
-        state = self._states.get(op.spec.host)
+    def refusal(self, op: Operation, host: str) -> str | None:
+        """Why ``op`` may not be sent to ``host`` now (audit detail), or None."""
+        state = self._states.get(host)
         if state is None or op.name not in state.drifted:
             return None
-        return f"host {op.spec.host} policy: {state.result}: {state.detail}"[:200]
+        return f"host {host} policy: {state.result}: {state.detail}"[:200]
 
     async def check(self, alias: str) -> HostState:
         """Ask ``alias`` for its policy digests and compare them with the expected ones."""

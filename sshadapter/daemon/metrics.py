@@ -105,6 +105,12 @@ class Metrics:
             ["host", "result"],
             registry=r,
         )
+        self.fanout_hosts = Counter(
+            "sshadapter_fanout_hosts",
+            "Hosts answered inside fan-out calls, by outcome and error code (empty on success).",
+            ["tool", "outcome", "code"],
+            registry=r,
+        )
         self.dispatch_refusals = Counter(
             "sshadapter_dispatch_refusals",
             "Calls to dispatch hosts refused: remote_refused by the host, policy_drift unsent.",

@@ -17,7 +17,9 @@ from typing import Any
 from sshadapter.contract.evaluate import Verdict
 from sshadapter.contract.registry import Operation
 from sshadapter.daemon.audit import now_text
-from sshadapter.daemon.authorize import Callers, Peer
+from sshadapter.daemon.authorize import Peer
+from sshadapter.errors import UpstreamError, failure_of
+from sshadapter.inventory import host_set_digest
 from sshadapter.runners.interface import RunResult
 
 
@@ -109,34 +111,11 @@ class Running:
         )
 
 
-@dataclass
-class CallRecord:
-    """What the audit trail says about one call, filled in as the stages run."""
+class _Attempts:
+    """The attempts on one host, as the stages begin and end them."""
 
-    op: Operation
-    peer: Peer
-    request_id: str
-    callers: Callers
-    command: str = ""
-    attempts: list[Attempt] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
-    result_written: bool = False
-    running: Running | None = None
-    """The attempt under way, between ``begin_attempt`` and ``end_attempt``."""
-
-    def _common(self, kind: str) -> dict[str, Any]:
-        return {
-            "type": kind,
-            "time": now_text(),
-            "request_id": self.request_id,
-            **self.op.audit_fields,
-            "caller": {"uid": self.peer.uid, "gid": self.peer.gid, "pid": self.peer.pid},
-            "command": self.command,
-        }
-
-    def intent(self) -> dict[str, Any]:
-        """The intent record of the next attempt."""
-        return {**self._common("intent"), "attempt": len(self.attempts) + 1}
+    attempts: list[Attempt]
+    running: Running | None
 
     def begin_attempt(self) -> Running:
         """The next attempt, timed from now; the stages fill in what they learn."""
@@ -154,13 +133,84 @@ class CallRecord:
         if self.running is not None and verdict.failure is not None:
             self.end_attempt(verdict, interrupted=verdict.failure.reason)
 
+
+@dataclass(eq=False)
+class HostRun(_Attempts):
+    """One host of a fan-out: its attempts and its own sealed verdict."""
+
+    host: str
+    attempts: list[Attempt] = field(default_factory=list)
+    running: Running | None = None
+    verdict: Verdict | None = None
+    """Sealed, once the host has its answer."""
+
+    def record(self) -> dict[str, Any]:
+        """Its row in the result record's ``host_results`` (docs/audit.md "result")."""
+        verdict = self.verdict
+        if verdict is None:  # cut before it answered: the fan-out was cancelled
+            verdict = Verdict(
+                failure=failure_of(UpstreamError("fanout_cancelled", retryable=True, ran=True))
+            )
+            self.close_attempt(verdict)
+        outcome = "success" if verdict.failure is None else "failure"
+        return {
+            "host": self.host,
+            "outcome": outcome,
+            "code": verdict.code,
+            **verdict.record(),
+            "attempts": [attempt.record() for attempt in self.attempts],
+        }
+
+
+@dataclass(eq=False)
+class CallRecord(_Attempts):
+    """What the audit trail says about one call, filled in as the stages run."""
+
+    op: Operation
+    peer: Peer
+    request_id: str
+    command: str = ""
+    attempts: list[Attempt] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    result_written: bool = False
+    running: Running | None = None
+    """The attempt under way, between ``begin_attempt`` and ``end_attempt``."""
+    target: str = ""
+    """The `run_on` the caller named (an operation with targets), as far as it was read."""
+    hosts: tuple[str, ...] = ()
+    """Its hosts, sorted, once stage 3 resolved them."""
+    runs: dict[str, HostRun] = field(default_factory=dict)
+    """A fan-out's hosts, each with its attempts and verdict."""
+
+    def _common(self, kind: str) -> dict[str, Any]:
+        common = {
+            "type": kind,
+            "time": now_text(),
+            "request_id": self.request_id,
+            **self.op.audit_fields,
+            "caller": {"uid": self.peer.uid, "gid": self.peer.gid, "pid": self.peer.pid},
+            "command": self.command,
+        }
+        if self.op.multi:
+            common["target"] = self.target
+            common["hosts"] = list(self.hosts)
+            common["hosts_sha256"] = host_set_digest(self.hosts)
+        return common
+
+    def intent(self) -> dict[str, Any]:
+        """The intent record of the next attempt (a fan-out's one intent: attempt 1)."""
+        return {**self._common("intent"), "attempt": len(self.attempts) + 1}
+
     def result(self, verdict: Verdict) -> dict[str, Any]:
         """The result record of a sealed verdict: what the caller was told, and why."""
         assert verdict.sealed is not None, "a result is recorded once its answer is sealed"
-        return {
+        record = {
             **self._common("result"),
             "attempts": [attempt.record() for attempt in self.attempts],
             "outcome": verdict.sealed.outcome,
             "code": verdict.sealed.code,
             **verdict.record(),
         }
+        if self.op.multi:
+            record["host_results"] = [run.record() for run in self.runs.values()]
+        return record

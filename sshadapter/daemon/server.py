@@ -27,10 +27,11 @@ import select
 import signal
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 from sshadapter import __version__
-from sshadapter.config import Config
+from sshadapter.config import Config, Grant, load_config
 from sshadapter.contract.registry import Registry, load_registry
 from sshadapter.daemon import systemd
 from sshadapter.daemon.audit import AuditLog, now_text
@@ -41,6 +42,7 @@ from sshadapter.daemon.service import Service
 from sshadapter.daemon.unix_socket import SOCKET_BACKLOG, peer_of
 from sshadapter.dispatch import policy
 from sshadapter.errors import ConfigError, UpstreamError
+from sshadapter.inventory import Inventory, load_inventory
 from sshadapter.runners.interface import Runner
 
 log = logging.getLogger(__name__)
@@ -112,8 +114,11 @@ class Daemon:
         metrics: Metrics,
         judge: Judge,
         dispatch: PolicyMonitor | None = None,
+        config_path: Path | None = None,
     ) -> None:
         self.config = config
+        self.config_path = config_path
+        """Read again at SIGHUP for its groups and grants (None: the configuration stays)."""
         self.service = service
         """Answers each request line."""
         self.runner = runner
@@ -233,17 +238,25 @@ class Daemon:
 
     def _reload(self) -> None:
         try:
-            registry, policies = load(self.config)
+            config = self.config
+            if self.config_path is not None:  # groups and grants may have changed
+                config, _ = load_config(self.config_path)
+                _refuse_host_changes(self.config, config, self.config_path)
+            loaded = load(config)
         except ConfigError as exc:
             log.error("reload refused, keeping %d tools: %s", len(self.service.tool_names), exc)
             self.metrics.reloads.labels("failure").inc()
         else:
-            self.service.install(registry)
+            self.service.install(loaded.registry, loaded.inventory, loaded.grants)
             if self.dispatch is not None:  # hosts first, then the reload: check them
-                self.dispatch.expect(policies)
+                self.dispatch.expect(loaded.policies)
                 self.dispatch.check_soon()
             self.metrics.reloads.labels("success").inc()
-            log.info("reloaded %d tools", len(registry.operations))
+            log.info(
+                "reloaded %d tools, %d groups",
+                len(loaded.registry.operations),
+                len(loaded.inventory.groups),
+            )
         try:
             self.audit.reopen()
         except (ConfigError, OSError) as exc:
@@ -376,19 +389,66 @@ class Daemon:
         return False
 
 
+def _refuse_host_changes(running: Config, new: Config, path: Path) -> None:
+    """Hosts' connection settings apply at start only: a reload that changes them is refused
+    whole (the running pools, pins and credentials stay), saying what changed."""
+    if new.hosts == running.hosts:
+        return
+    added = sorted(new.hosts.keys() - running.hosts.keys())
+    removed = sorted(running.hosts.keys() - new.hosts.keys())
+    changed = sorted(
+        a for a in new.hosts.keys() & running.hosts.keys() if new.hosts[a] != running.hosts[a]
+    )
+    what = "; ".join(
+        f"{label} {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
+        for label, names in (("added", added), ("removed", removed), ("changed", changed))
+        if names
+    )
+    raise ConfigError(str(path), "hosts", f"host entries changed ({what}): restart to apply them")
+
+
 async def _close(writer: asyncio.StreamWriter) -> None:
     writer.close()
     with contextlib.suppress(ConnectionError, OSError):
         await writer.wait_closed()
 
 
-def load(config: Config) -> tuple[Registry, dict[str, dict[str, Any]]]:
-    """The configuration's registry and each dispatch host's policy, or ConfigError: all
-    or nothing, at start and at every reload."""
+@dataclass(frozen=True)
+class Loaded:
+    """What a configuration gives the daemon to serve: built whole, at start and reload."""
+
+    registry: Registry
+    policies: dict[str, dict[str, Any]]
+    """Each dispatch host's policy."""
+    inventory: Inventory
+    grants: tuple[Grant, ...]
+
+
+def load(config: Config) -> Loaded:
+    """The configuration's inventory, registry, each dispatch host's policy and the grants,
+    or ConfigError: all or nothing, at start and at every reload."""
+    inventory = load_inventory(config)
     registry = load_registry(
         config.paths.commands,
         config.paths.schemas,
         hosts=config.hosts.keys(),
+        groups=inventory.groups.keys(),
         dispatch_hosts=policy.dispatch_hosts(config),
+        dispatch_groups=policy.dispatch_groups(config, inventory),
     )
-    return registry, policy.host_policies(registry)
+    check_grants(config, inventory, registry)
+    return Loaded(registry, policy.host_policies(registry, inventory), inventory, config.grants)
+
+
+def check_grants(config: Config, inventory: Inventory, registry: Registry) -> None:
+    """Every grant names tools and targets that exist, or ConfigError naming it."""
+    where = next(iter(config.origins.values()), "<config>")
+    for i, grant in enumerate(config.grants):
+        for tool in grant.tools:
+            if tool != "*" and registry.get(tool) is None:
+                raise ConfigError(where, f"grants[{i}].tools", f"no tool {tool!r}")
+        for target in grant.targets:
+            if not inventory.exists(target):
+                raise ConfigError(
+                    where, f"grants[{i}].targets", f"{target!r} is no host alias and no group"
+                )

@@ -14,6 +14,7 @@ by the shutdown deadline (written synchronously while it is cancelled).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -24,18 +25,20 @@ from typing import Any, Final
 
 import orjson
 
-from sshadapter.config import Allow
+from sshadapter.config import DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT, Allow, Grant
 from sshadapter.contract import envelope
 from sshadapter.contract.codes import SYSTEM_TOOL
+from sshadapter.contract.commandfile import TARGET_ARGUMENT
 from sshadapter.contract.evaluate import Sealed, Verdict, seal_line
 from sshadapter.contract.registry import Operation, Registry
 from sshadapter.daemon.audit import AuditLog
-from sshadapter.daemon.authorize import Callers, Peer, resolve
+from sshadapter.daemon.authorize import Peer
 from sshadapter.daemon.drift import PolicyMonitor
+from sshadapter.daemon.grants import Access
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.offload import Judge
 from sshadapter.daemon.quarantine import Quarantine
-from sshadapter.daemon.records import CallRecord
+from sshadapter.daemon.records import CallRecord, HostRun
 from sshadapter.errors import (
     AuditError,
     DeniedError,
@@ -45,6 +48,7 @@ from sshadapter.errors import (
     UpstreamError,
     failure_of,
 )
+from sshadapter.inventory import Inventory
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
@@ -52,7 +56,16 @@ log = logging.getLogger(__name__)
 
 RETRY_BACKOFF_SECONDS: Final = 0.2  # before the 2nd attempt, doubling: a blip has time to pass
 REQUEST_MAX_DEPTH: Final = 8  # {"op", "tool", "args": {name: scalar}} needs 2; a little room
-_REQUEST_KEYS: Final = {"call": {"op", "tool", "args"}, "list": {"op"}}
+_REQUEST_KEYS: Final = {
+    "call": {"op", "tool", "args"},
+    "list": {"op"},
+    "targets": {"op", "tool", "after"},
+}
+# `run_on` is published as an enum up to this many choices (groups are few; ~16 bytes
+# each): past it, a pattern and the paged `targets` listing, so that one tool's schema
+# stays small for the agent host (an enum of 1,000 aliases is ~16 KB per tool).
+MAX_TARGET_ENUM: Final = 64
+TARGETS_PAGE: Final = 500  # names per `targets` answer: ~8 KB
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -62,6 +75,8 @@ class Request:
     op: str
     tool: str = ""
     args: Mapping[str, Any] = field(default_factory=dict)
+    after: str = ""
+    """`targets` only: the last name of the previous page."""
 
 
 class Admission:
@@ -97,6 +112,11 @@ def receive(line: bytes, max_bytes: int) -> Request:
         raise RequestError("unknown_request_key")
     if op == "list":
         return Request("list")
+    if op == "targets":
+        tool, after = value.get("tool"), value.get("after", "")
+        if not isinstance(tool, str) or not isinstance(after, str) or len(after) > 63:
+            raise RequestError("malformed_call")
+        return Request("targets", tool, after=after)
     tool, args = value.get("tool"), value.get("args", {})
     if not isinstance(tool, str) or not isinstance(args, dict):
         raise RequestError("malformed_call")
@@ -122,6 +142,9 @@ class Service:
         sleep: Sleep = asyncio.sleep,
         judge: Judge | None = None,
         dispatch: PolicyMonitor | None = None,
+        inventory: Inventory | None = None,
+        grants: tuple[Grant, ...] = (),
+        max_fanout_hosts_in_flight: int = DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT,
     ) -> None:
         self.runner = runner
         self.judge = judge or Judge(workers=0)
@@ -141,16 +164,28 @@ class Service:
         self.cut_on_cancel = False
         """Set by the drain past its deadline: a cancelled call then answers INTERNAL."""
         self.registry = registry
-        self._callers: dict[str, Callers] = {}
+        self.grants = grants
+        self.fanout_hosts = asyncio.Semaphore(max_fanout_hosts_in_flight)
+        """Hosts in flight across every fan-out (DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT)."""
+        self.inventory = inventory or Inventory.bare(
+            op.spec.host for op in registry.operations.values() if op.spec.host
+        )
+        self.access = Access(registry, self.inventory, grants, default_allow)
         self.install(registry)
 
-    def install(self, registry: Registry) -> None:
-        """Serve ``registry`` from now on (start and SIGHUP); resolve its allow lists once."""
-        default = resolve(self.default_allow, where="[server] allow")
-        self._callers = {
-            name: resolve(op.spec.allow, where=f"{op.file}: allow") if op.spec.allow else default
-            for name, op in registry.operations.items()
-        }
+    def install(
+        self,
+        registry: Registry,
+        inventory: Inventory | None = None,
+        grants: tuple[Grant, ...] | None = None,
+    ) -> None:
+        """Serve ``registry`` (and ``inventory``, ``grants`` when given) from now on (start
+        and SIGHUP): allow lists, grants and targets are resolved here, once."""
+        if inventory is not None:
+            self.inventory = inventory
+        if grants is not None:
+            self.grants = grants
+        self.access = Access(registry, self.inventory, self.grants, self.default_allow)
         for op in registry.operations.values():
             for key, text in op.warnings:
                 log.warning("%s: %s: %s", op.file, key, text)
@@ -168,6 +203,8 @@ class Service:
             op = self.registry.get(request.tool)
             if op is None:
                 raise RequestError("unknown_tool")
+            if request.op == "targets":
+                return _line(self.targets_page(op, peer, request.after))
         except RequestError as exc:
             # Logged, counted, not audited: nothing could run, and the line itself may be
             # hostile bulk that has no business in the audit trail.
@@ -190,11 +227,37 @@ class Service:
         return [f"{rid} ({call.op.name})" for rid, call in sorted(self.calls.items())]
 
     def tools_for(self, peer: Peer) -> list[Mapping[str, Any]]:
-        return [
-            op.list_entry
-            for op in self.registry.operations.values()
-            if self._callers[op.name].admit(peer)
-        ]
+        """`list` for ``peer``: the tools it may call; `run_on` lists its own choices."""
+        entries = []
+        for op in self.registry.operations.values():
+            choices = self.access.choices(op, peer)
+            if not choices:
+                continue
+            if not op.multi:
+                entries.append(op.list_entry)
+                continue
+            schema = dict(op.params_schema)
+            entries.append(
+                {
+                    **op.list_entry,
+                    "input_schema": {
+                        **schema,
+                        "properties": {TARGET_ARGUMENT: _run_on(choices), **schema["properties"]},
+                        "required": [TARGET_ARGUMENT, *schema["required"]],
+                    },
+                }
+            )
+        return entries
+
+    def targets_page(self, op: Operation, peer: Peer, after: str) -> dict[str, Any]:
+        """The `targets` answer: ``peer``'s choices for ``op`` after ``after``, one page."""
+        choices = self.access.choices(op, peer)
+        if not choices:
+            raise RequestError("unknown_tool")  # not listed for this caller: as if absent
+        start = bisect.bisect_right(choices, after) if after else 0
+        page = list(choices[start : start + TARGETS_PAGE])
+        more = start + TARGETS_PAGE < len(choices)
+        return {"tool": op.name, "targets": page, "next": page[-1] if more and page else None}
 
     def _system_answer(self, request_id: str, code: str, started: float) -> bytes:
         self.metrics.observe_call(SYSTEM_TOOL, "failure", code, time.monotonic() - started)
@@ -209,7 +272,7 @@ class Service:
         self, op: Operation, args: Mapping[str, Any], peer: Peer, request_id: str
     ) -> bytes:
         """Stages 2-11 for a known tool: always a response line and a result record."""
-        call = CallRecord(op, peer, request_id, self._callers[op.name])
+        call = CallRecord(op, peer, request_id)
         self.calls[request_id] = call
         try:
             try:
@@ -229,31 +292,138 @@ class Service:
 
     async def _decide(self, call: CallRecord, args: Mapping[str, Any]) -> Verdict:
         """Stages 2-10, each a step; any of them may raise, _call maps what it raises."""
-        if not call.callers.admit(call.peer):  # 2
+        choices = self.access.choices(call.op, call.peer)
+        if not choices:  # 2
             raise DeniedError
+        if call.op.multi:
+            args = self._target(call, args, choices)  # 3: which hosts
         call.op.check_args(args)  # 3
         call.command = call.op.command(args)  # 3: refuses what no remote command can receive
-        if self.dispatch is not None and (drift := self.dispatch.refusal(call.op)) is not None:
-            self.metrics.dispatch_refusals.labels(call.op.name, "policy_drift").inc()
-            raise DispatchRefusal("policy_drift", drift)  # the host's policy differs: not sent
+        if call.op.multi:
+            with self.admission.ticket() as slots:
+                async with slots:
+                    return await self._fan_out(call, args)  # 4-10 on each host
+        host = call.op.spec.host
+        assert host is not None  # an operation without targets names its host
+        self._refuse_drifted(call.op, host)
         with self.admission.ticket() as slots:
             async with slots:
-                verdict = await self._attempts(call, args)  # 4-10
-        if verdict.reason == "remote_refused" and self.dispatch is not None:
-            self.metrics.dispatch_refusals.labels(call.op.name, "remote_refused").inc()
-            self.dispatch.suspect(call.op.spec.host)  # a policy out of step is found soon
+                verdict = await self._attempts(call, args, host, call)  # 4-10
+        self._after_refusal(call.op, host, verdict)
         return verdict
 
-    async def _attempts(self, call: CallRecord, args: Mapping[str, Any]) -> Verdict:
-        """Stages 4-10, repeated in full for each retry the operation allows."""
+    def _target(
+        self, call: CallRecord, args: Mapping[str, Any], choices: tuple[str, ...]
+    ) -> Mapping[str, Any]:
+        """Stage 3 for an operation with targets: `run_on` among the caller's choices, its
+        hosts within the fan-out policy. Returns the other arguments."""
+        op, inventory = call.op, self.inventory
+        target = args.get(TARGET_ARGUMENT)
+        if not isinstance(target, str):
+            raise RequestError("bad_arguments", f"/{TARGET_ARGUMENT}: a target name is required")
+        call.target = target[:63]
+        if target not in choices:  # one answer for all three; the audit keeps which
+            if target in self.access.candidates(op):
+                raise RequestError("target_not_granted", target[:63])
+            if inventory.exists(target):
+                reason = "fanout_disabled" if inventory.is_group(target) else "target_not_listed"
+                raise RequestError(reason, target[:63])
+            raise RequestError("unknown_target", target[:63])
+        hosts = inventory.members(target)
+        if len(hosts) > op.spec.fanout.max_hosts:
+            raise RequestError(
+                "too_many_hosts", f"{target}: {len(hosts)} > {op.spec.fanout.max_hosts}"
+            )
+        call.hosts = hosts
+        return {k: v for k, v in args.items() if k != TARGET_ARGUMENT}
+
+    def _refuse_drifted(self, op: Operation, host: str) -> None:
+        if self.dispatch is not None and (drift := self.dispatch.refusal(op, host)) is not None:
+            self.metrics.dispatch_refusals.labels(op.name, "policy_drift").inc()
+            raise DispatchRefusal("policy_drift", drift)  # the host's policy differs: not sent
+
+    def _after_refusal(self, op: Operation, host: str, verdict: Verdict) -> None:
+        if verdict.reason == "remote_refused" and self.dispatch is not None:
+            self.metrics.dispatch_refusals.labels(op.name, "remote_refused").inc()
+            self.dispatch.suspect(host)  # a policy out of step is found soon
+
+    async def _fan_out(self, call: CallRecord, args: Mapping[str, Any]) -> Verdict:
+        """Stages 4-10 on every host of the target: one intent first, then each host alone
+        (its own attempts, verdict and quarantine), within the call's deadline and its
+        concurrency, and the daemon's hosts in flight. A host that fails, fails alone."""
+        op, fanout = call.op, call.op.spec.fanout
+        call.runs = {host: HostRun(host) for host in call.hosts}
+        await self.audit.append(call.intent())  # 4: durable before the first exec
+        mine = asyncio.Semaphore(fanout.concurrency)
+
+        async def one(run: HostRun) -> None:
+            async with mine, self.fanout_hosts:
+                try:
+                    self._refuse_drifted(op, run.host)
+                    verdict = await self._attempts(call, args, run.host, run)
+                except (DispatchRefusal, UpstreamError) as exc:
+                    verdict = Verdict(failure=failure_of(exc))
+                    run.close_attempt(verdict)
+                run.verdict = self._seal_host(call, verdict)
+                self._after_refusal(op, run.host, verdict)
+
+        tasks = [asyncio.ensure_future(one(run)) for run in call.runs.values()]
+        try:
+            done, _ = await asyncio.wait(tasks, timeout=fanout.deadline_seconds)
+        finally:
+            for task in tasks:
+                task.cancel()  # a no-op on those done; on cancellation, every host stops
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                raise exc  # a bug in one host's stages: the whole call is INTERNAL
+        deadline = Verdict(
+            failure=failure_of(UpstreamError("fanout_deadline", retryable=True, ran=True))
+        )
+        for run in call.runs.values():
+            if run.verdict is None:
+                run.close_attempt(deadline)
+                run.verdict = self._seal_host(call, deadline)
+        return self._fanout_verdict(call)
+
+    def _seal_host(self, call: CallRecord, verdict: Verdict) -> Verdict:
+        """One host's verdict with its own envelope (checked by the operation's host guard)."""
+        return Verdict(failure=verdict.failure, sealed=seal_line(call.op, call.request_id, verdict))
+
+    def _fanout_verdict(self, call: CallRecord) -> Verdict:
+        """The fan-out answer from each host's sealed envelope, checked as a whole."""
+        op = call.op
+        entries = []
+        for run in call.runs.values():
+            assert run.verdict is not None and run.verdict.sealed is not None
+            entries.append(envelope.host_entry(run.host, orjson.loads(run.verdict.sealed.line)))
+            self.metrics.fanout_hosts.labels(
+                op.name, run.verdict.sealed.outcome, run.verdict.sealed.code or ""
+            ).inc()
+        data = envelope.fanout_data(call.target, entries, op.spec.fanout.max_results)
+        answer = envelope.success(op.name, call.request_id, data)
+        if not op.envelope_guard.is_valid(answer):
+            raise RuntimeError("fan-out envelope does not match its schema")  # a bug
+        line = orjson.dumps(answer, option=orjson.OPT_APPEND_NEWLINE)
+        return Verdict(sealed=Sealed("success", None, line))
+
+    async def _attempts(
+        self, call: CallRecord, args: Mapping[str, Any], host: str, record: HostRun | CallRecord
+    ) -> Verdict:
+        """Stages 4-10 on ``host``, repeated in full for each retry the operation allows.
+
+        ``record`` keeps the attempts: the call's own, or (fan-out) the host's; a fan-out
+        wrote its one intent before any host began.
+        """
         op, retry = call.op, call.op.spec.retry
         deadline = time.monotonic() + retry.budget_seconds
         while True:
-            await self.audit.append(call.intent())  # 4
-            attempt = call.begin_attempt()
+            if record is call:
+                await self.audit.append(call.intent())  # 4
+            attempt = record.begin_attempt()
             try:
                 run = await self.runner.run(  # 5
-                    op.spec.host,
+                    host,
                     call.command,
                     timeout=op.spec.timeout_seconds,
                     max_stdout=op.spec.output.max_bytes,
@@ -270,13 +440,12 @@ class Service:
                 attempt.evidence = judged.evidence
                 verdict, ran = judged.verdict, True
                 if verdict.rejected:
-                    attempt.quarantine = await self._quarantine(
-                        call.request_id, attempt.number, run
-                    )
-            call.end_attempt(verdict)
-            if not _should_retry(op, verdict, ran, len(call.attempts), deadline):
+                    stem = call.request_id if record is call else f"{call.request_id}.{host}"
+                    attempt.quarantine = await self._quarantine(stem, attempt.number, run)
+            record.end_attempt(verdict)
+            if not _should_retry(op, verdict, ran, len(record.attempts), deadline):
                 return verdict
-            await self.sleep(RETRY_BACKOFF_SECONDS * 2 ** (len(call.attempts) - 1))
+            await self.sleep(RETRY_BACKOFF_SECONDS * 2 ** (len(record.attempts) - 1))
 
     def _failed(self, call: CallRecord, exc: BaseException) -> Verdict:
         failure = failure_of(exc)
@@ -289,13 +458,12 @@ class Service:
         call.close_attempt(verdict)
         return verdict
 
-    async def _quarantine(
-        self, request_id: str, attempt: int, run: RunResult
-    ) -> dict[str, str | None]:
+    async def _quarantine(self, stem: str, attempt: int, run: RunResult) -> dict[str, str | None]:
         """Keep the raw bytes of a rejected output for the operator; name them in the record."""
         if self.quarantine is None:
             return {}
-        stem = f"{request_id}.{attempt}"
+        request_id = stem
+        stem = f"{stem}.{attempt}"
         kept: dict[str, str | None] = {}
         for stream, data in (("stdout", run.stdout), ("stderr", run.stderr)):
             try:
@@ -392,6 +560,19 @@ def _should_retry(
         and (op.spec.idempotent or not ran)  # after execution only for idempotent ones
         and time.monotonic() + backoff + op.spec.timeout_seconds <= deadline
     )
+
+
+def _run_on(choices: tuple[str, ...]) -> dict[str, Any]:
+    """The published schema of `run_on` for one caller's choices."""
+    described = "Which host or group to run on"
+    if len(choices) <= MAX_TARGET_ENUM:
+        return {"type": "string", "enum": list(choices), "description": f"{described}."}
+    return {
+        "type": "string",
+        "pattern": envelope.FANOUT_TARGET_PATTERN,
+        "maxLength": 63,
+        "description": f"{described}: {len(choices)} choices, listed by the `targets` request.",
+    }
 
 
 def _line(value: Mapping[str, Any]) -> bytes:

@@ -40,6 +40,7 @@ from sshadapter.errors import ConfigError
 if TYPE_CHECKING:
     from sshadapter.config import Config
     from sshadapter.contract.registry import Operation, Registry
+    from sshadapter.inventory import Inventory
 
 POLICY_FORMAT: Final = "sshadapter-dispatch-policy/1"
 DIGEST_COMMAND: Final = "#sshadapter-policy-digest"  # shlex.quote never leaves "#" bare
@@ -71,7 +72,17 @@ def dispatch_hosts(config: Config) -> frozenset[str]:
     return frozenset(alias for alias, host in config.hosts.items() if host.dispatch)
 
 
-def host_policies(registry: Registry) -> dict[str, dict[str, Any]]:
+def dispatch_groups(config: Config, inventory: Inventory) -> frozenset[str]:
+    """The groups with at least one dispatch host among their members."""
+    hosts = dispatch_hosts(config)
+    return frozenset(
+        name for name, members in inventory.groups.items() if not hosts.isdisjoint(members)
+    )
+
+
+def host_policies(
+    registry: Registry, inventory: Inventory | None = None
+) -> dict[str, dict[str, Any]]:
     """The policy of each dispatch host of ``registry``, or ConfigError naming the first
     operation a host's dispatcher could not enforce: all or nothing.
 
@@ -80,14 +91,28 @@ def host_policies(registry: Registry) -> dict[str, dict[str, Any]]:
     """
     operations = registry.operations.values()
     return {
-        alias: host_policy(alias, operations, registry.schemas)
+        alias: host_policy(alias, operations, registry.schemas, inventory)
         for alias in sorted(registry.source.dispatch_hosts)
     }
 
 
-def host_policy(alias: str, operations: Iterable[Operation], schemas: SchemaSet) -> dict[str, Any]:
+def runs_on(op: Operation, alias: str, inventory: Inventory | None) -> bool:
+    """Whether ``op`` may run on host ``alias`` (its ``host``, or one of its targets' hosts)."""
+    if op.spec.host == alias:
+        return True
+    return inventory is not None and any(alias in inventory.members(t) for t in op.spec.targets)
+
+
+def host_policy(
+    alias: str,
+    operations: Iterable[Operation],
+    schemas: SchemaSet,
+    inventory: Inventory | None = None,
+) -> dict[str, Any]:
     """The policy document of ``alias``: its operations, checked, and the digest of the whole."""
-    mine = sorted((op for op in operations if op.spec.host == alias), key=lambda op: op.name)
+    mine = sorted(
+        (op for op in operations if runs_on(op, alias, inventory)), key=lambda op: op.name
+    )
     entries = {op.name: operation_policy(op) for op in mine}
     for first, second in combinations(mine, 2):
         _refuse_overlap(alias, first, second, entries, schemas)

@@ -1,0 +1,112 @@
+"""The fleet: host aliases and named groups, every group resolved to a closed set at load.
+
+Reference: docs/operations.md "Inventory". A group is the hosts whose labels
+include all of its ``match`` pairs, plus its ``members`` (aliases or groups),
+minus its ``exclude`` (aliases or groups), computed once when the configuration
+loads: no pattern from anyone reaches a call. Host aliases and group names share
+one namespace, the names an agent may give as ``target``. Errors name the file
+that defined the group, the key and the reason: an unknown name, an empty group,
+a cycle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from sshadapter.config import Config, GroupSection, HostSection
+from sshadapter.errors import ConfigError
+
+# A group may name groups that name groups: deeper than this is a mistake, not a design.
+MAX_GROUP_NESTING: Final = 16
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Every host alias and every group, resolved: what targets mean."""
+
+    hosts: Mapping[str, HostSection]
+    groups: Mapping[str, tuple[str, ...]]
+    """Group name -> its members, sorted, never empty."""
+    origins: Mapping[str, str]
+    """Target name -> the file that defined it."""
+
+    def members(self, target: str) -> tuple[str, ...]:
+        """The sorted aliases ``target`` stands for (an alias stands for itself); () if none."""
+        if target in self.hosts:
+            return (target,)
+        return self.groups.get(target, ())
+
+    def is_group(self, target: str) -> bool:
+        return target in self.groups
+
+    def exists(self, target: str) -> bool:
+        return target in self.hosts or target in self.groups
+
+    @classmethod
+    def bare(cls, aliases: Iterable[str]) -> Inventory:
+        """Host aliases only, no groups and no connection settings (a daemon built without
+        a configuration's inventory: tests, offline tools)."""
+        return cls(dict.fromkeys(aliases), {}, {})  # type: ignore[arg-type]
+
+    def digest(self, target: str) -> str:
+        """sha256 of the sorted member list: the audit names a fan-out's host set by it."""
+        return host_set_digest(self.members(target))
+
+
+def host_set_digest(aliases: tuple[str, ...]) -> str:
+    """sha256 (hex) of the sorted aliases joined by newlines: the audit's ``hosts_sha256``."""
+    return hashlib.sha256("\n".join(aliases).encode()).hexdigest()
+
+
+def load_inventory(config: Config) -> Inventory:
+    """The inventory of a loaded configuration, or ConfigError on the first bad group."""
+    origins = config.origins
+    for name in config.groups:
+        if name in config.hosts:
+            raise ConfigError(
+                origins.get(name, "<config>"),
+                f"groups.{name}",
+                f"{name!r} is also a host alias ({origins.get(name, '?')}): one name, one target",
+            )
+    resolved: dict[str, tuple[str, ...]] = {}
+    for name in sorted(config.groups):
+        _resolve(name, config, resolved, ())
+    return Inventory(dict(config.hosts), resolved, dict(origins))
+
+
+def _resolve(
+    name: str, config: Config, resolved: dict[str, tuple[str, ...]], path: tuple[str, ...]
+) -> tuple[str, ...]:
+    if name in resolved:
+        return resolved[name]
+    group: GroupSection = config.groups[name]
+    file = config.origins.get(name, "<config>")
+    if name in path:
+        cycle = " -> ".join((*path[path.index(name) :], name))
+        raise ConfigError(file, f"groups.{name}", f"groups name each other in a cycle: {cycle}")
+    if len(path) >= MAX_GROUP_NESTING:
+        raise ConfigError(file, f"groups.{name}", f"nested deeper than {MAX_GROUP_NESTING} groups")
+    chosen: set[str] = set()
+    if group.match:
+        wanted = group.match.items()
+        chosen = {alias for alias, host in config.hosts.items() if wanted <= host.labels.items()}
+    for key, names in (("members", group.members), ("exclude", group.exclude)):
+        found: set[str] = set()
+        for member in names:
+            if member in config.hosts:
+                found.add(member)
+            elif member in config.groups:
+                found.update(_resolve(member, config, resolved, (*path, name)))
+            else:
+                raise ConfigError(
+                    file, f"groups.{name}.{key}", f"{member!r} is no host alias and no group"
+                )
+        chosen = chosen | found if key == "members" else chosen - found
+    if not chosen:
+        why = "its match selects no host" if group.match else "it names no host"
+        raise ConfigError(file, f"groups.{name}", f"empty group: {why} (after exclude)")
+    resolved[name] = tuple(sorted(chosen))
+    return resolved[name]
