@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from sshd import (
     READY_TIMEOUT_SECONDS,
@@ -236,9 +236,9 @@ class Fleet:
             out += [f"{key} = {_value(value)}\n" for key, value in table.items()]
         return "".join(out)
 
-    def write_inventory(self, path: Path, **kwargs: object) -> Path:
+    def write_inventory(self, path: Path, **kwargs: Any) -> Path:
         """``inventory_toml(**kwargs)`` written to ``path``; returns ``path``."""
-        path.write_text(self.inventory_toml(**kwargs))  # type: ignore[arg-type]
+        path.write_text(self.inventory_toml(**kwargs))
         return path
 
     def hosts_toml(self, *, known_hosts: Path | None = None, **overrides: object) -> str:
