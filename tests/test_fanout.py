@@ -429,3 +429,71 @@ def test_run_on_is_reserved(tmp_path: Path) -> None:
 
 
 _ = ROOT
+
+
+def test_a_reload_removing_the_group_lets_the_running_fan_out_finish(tmp_path: Path) -> None:
+    """SIGHUP drops a group mid fan-out: the call ends on its hosts, the next is refused."""
+    from sshadapter.config import load_config
+    from sshadapter.daemon.assemble import assemble
+    from sshadapter.daemon.unix_socket import bind_socket
+
+    commands, schemas = operator_files(tmp_path)
+    (tmp_path / "inventory.d").mkdir()
+    fleet_file = tmp_path / "inventory.d" / "fleet.toml"
+    hosts = "".join(f'[hosts.web{i}]\naddress = "127.0.0.1"\n' for i in range(3))
+    fleet_file.write_text(hosts + '[groups.fleet]\nmembers = ["web0", "web1", "web2"]\n')
+    config_path = tmp_path / "config.toml"
+    config_path.write_text(
+        f"""
+[server]
+socket_path = "{tmp_path / "s.sock"}"
+allow = {{ uids = [{os.getuid()}] }}
+evaluation_workers = 0
+[paths]
+commands = "commands"
+schemas = "schemas"
+inventory = "inventory.d"
+[audit]
+path = "{tmp_path / "audit.jsonl"}"
+fsync = "never"
+quarantine_dir = "{tmp_path / "q"}"
+[host_defaults]
+user = "nobody"
+known_hosts = "/nonexistent"
+"""
+    )
+    release = asyncio.Event()
+
+    async def slow() -> RunResult:
+        await release.wait()
+        return RunResult(b"state up\n", b"", 0)
+
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        config, _ = load_config(config_path)
+        runner = ScriptedRunner({"echo state up": slow})
+        daemon = assemble(config, runner=runner, config_path=config_path)
+        sock = bind_socket(config.server.socket_path, 0o600, "")
+        serving = asyncio.create_task(daemon.serve(sock))
+        await daemon.ready.wait()
+        d = Running(config.server.socket_path, daemon, daemon.service, tmp_path / "audit.jsonl")
+        running = asyncio.create_task(d.ask(run_on("fleet")))
+        while len(runner.calls) < 3:
+            await asyncio.sleep(0.01)
+        fleet_file.write_text(hosts)  # the group is gone...
+        (commands / "fleet_state.toml").write_text(  # ...and the operation names a host
+            command_file(targets='["web0"]')
+        )
+        daemon.reload()
+        release.set()
+        seen["running"] = await running
+        seen["after"] = await d.ask(run_on("fleet"))
+        seen["one"] = await d.ask(run_on("web0"))
+        daemon.stop()
+        await serving
+
+    asyncio.run(main())
+    assert seen["running"]["data"]["succeeded"] == 3
+    assert seen["after"]["error"]["code"] == "INVALID_REQUEST"
+    assert seen["one"]["data"]["results"][0]["host"] == "web0"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -48,7 +49,7 @@ from sshadapter.errors import (
     UpstreamError,
     failure_of,
 )
-from sshadapter.inventory import Inventory
+from sshadapter.inventory import Inventory, host_set_digest
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
@@ -186,6 +187,9 @@ class Service:
         if grants is not None:
             self.grants = grants
         self.access = Access(registry, self.inventory, self.grants, self.default_allow)
+        self.list_digest = _list_digest(registry, self.inventory, self.grants)
+        """Sent with `list`: changes when a tool, a group or a grant does (a caller's
+        `run_on` choices follow all three), so a client caching the list notices."""
         for op in registry.operations.values():
             for key, text in op.warnings:
                 log.warning("%s: %s: %s", op.file, key, text)
@@ -199,7 +203,7 @@ class Service:
         try:
             request = receive(line, self.max_request_bytes)  # 1
             if request.op == "list":
-                return _line({"tools": self.tools_for(peer), "digest": self.registry.digest})
+                return _line({"tools": self.tools_for(peer), "digest": self.list_digest})
             op = self.registry.get(request.tool)
             if op is None:
                 raise RequestError("unknown_tool")
@@ -560,6 +564,18 @@ def _should_retry(
         and (op.spec.idempotent or not ran)  # after execution only for idempotent ones
         and time.monotonic() + backoff + op.spec.timeout_seconds <= deadline
     )
+
+
+def _list_digest(registry: Registry, inventory: Inventory, grants: tuple[Grant, ...]) -> str:
+    """The registry's digest, or (with groups or grants) one over it and them."""
+    if not inventory.groups and not grants:
+        return registry.digest
+    h = hashlib.sha256(registry.digest.encode())
+    for name, members in sorted(inventory.groups.items()):
+        h.update(f"\0group/{name}\0{host_set_digest(members)}".encode())
+    for grant in grants:
+        h.update(b"\0grant/" + orjson.dumps(grant.model_dump(mode="json")))
+    return f"sha256:{h.hexdigest()}"
 
 
 def _run_on(choices: tuple[str, ...]) -> dict[str, Any]:

@@ -16,14 +16,13 @@ the same run, one after another on the same fleet:
                       use), StrictHostKeyChecking=yes against the same CA line; cold
                       with a fresh ControlPath directory, warm reusing its masters
                       (Ansible's default ControlPersist=60s)
-  sshadapter          ``sshadapter_fanout`` below: the slot the fan-out call fills
+  sshadapter          one call, ``load_average_fleet`` with ``run_on = "all-hosts"``
+                      (the shipped load_average with ``targets``), every host in the
+                      answer: cold is the first call after start (the daemon connects
+                      lazily), warm the median of the calls after it
 
-The sshadapter rows go through ``start_sshadapter`` and ``sshadapter_fanout``, marked
-SLOT. Until the fan-out call exists they run the interim method of the study
-(../shared/research/fleet.md section 7): one command file per host (a copy of the
-shipped ``load_average`` with ``host = "hNNN"``) and N concurrent single calls on
-the socket; today's daemon connects every host at start, so "cold" is launch to all
-N answers. The output says which method ran.
+The daemon is ``sshadapter serve`` with the fleet in an inventory file (one
+``[host_defaults]``, a group ``all-hosts`` by label).
 
 Also: daemon start-up to ready with 100 and 1,000 hosts configured and nothing to
 connect to; the daemon's RSS and open files with N hosts connected (the 1,000-host
@@ -156,19 +155,20 @@ async def raw_warm(conns: list[asyncssh.SSHClientConnection]) -> Timing:
     return Timing(time.perf_counter() - started, sum(d is True for d in done))
 
 
-# sshadapter: the SLOT ----------------------------------------------------------------
-# SLOT (the lead fills this once the fan-out call exists): set FANOUT_IS_INTERIM to False,
-# make start_sshadapter write the inventory (fleet.write_inventory) and ONE command file
-# with targets = ["all-hosts"], and make sshadapter_fanout send
-#   {"op":"call","tool":"load_average_fleet","args":{"target":"all-hosts"}}
-# once. Until then both run the interim method: N command files, N concurrent calls.
-FANOUT_IS_INTERIM: Final = True
-FANOUT_METHOD: Final = (
-    "INTERIM: N command files and N concurrent single calls (no fan-out call yet)"
-    if FANOUT_IS_INTERIM
-    else "one fan-out call on the group all-hosts"
-)
+# sshadapter: one fan-out call on the group all-hosts ----------------------------------
+FANOUT_METHOD: Final = "one fan-out call on the group all-hosts (run_on), fan-out policy below"
+FANOUT_MAX_RESULTS: Final = 1000
 LOAD_AVERAGE: Final = ROOT / "commands" / "load_average.toml"
+FANOUT_TOOL: Final = "load_average_fleet"
+# The bench's fan-out policy: every host in the answer and in flight at once (the daemon's
+# max_fanout_hosts_in_flight bounds it again), so the call measures the daemon, not a cap.
+FANOUT_TABLE: Final = """
+[fanout]
+max_hosts = 1000
+concurrency = 1024
+deadline_seconds = 120
+max_results = 1000
+"""  # FANOUT_MAX_RESULTS
 
 
 @dataclass
@@ -178,27 +178,34 @@ class SshadapterSide:
     fleet: Fleet
     daemon: Daemon
     launched: float  # time.perf_counter() at launch
-    tools: tuple[str, ...]  # interim: one tool per host
+    tools: tuple[str, ...]  # the fan-out tool, then the single-host tool of the first host
+
+
+def fleet_operation(targets: str, extra: str = "") -> str:
+    """load_average.toml on ``targets`` instead of host "local"."""
+    return LOAD_AVERAGE.read_text().replace('host = "local"', f"targets = {targets}") + extra
 
 
 def write_sshadapter_files(fleet: Fleet, work: Path) -> tuple[Path, tuple[str, ...]]:
-    """SLOT: the daemon's config and command files for the fleet; (config path, tools)."""
+    """The daemon's config, the fleet's inventory file and two command files: the fan-out
+    over all-hosts and a single-host operation on the first host; (config path, tools)."""
     commands = work / "commands"
     commands.mkdir()
-    source = LOAD_AVERAGE.read_text()
-    tools = []
-    for alias in fleet.aliases:
-        tool = f"load_average_{alias}"
-        (commands / f"{tool}.toml").write_text(
-            source.replace('host = "local"', f'host = "{alias}"')
-        )
-        tools.append(tool)
-    config = work / "config.toml"
-    config.write_text(
-        daemon_config(work, fleet.aliases)
-        + fleet.hosts_toml(max_connections=1, connect_timeout_seconds=CONNECT_TIMEOUT_SECONDS)
+    (commands / f"{FANOUT_TOOL}.toml").write_text(fleet_operation('["all-hosts"]', FANOUT_TABLE))
+    first = fleet.aliases[0]
+    (commands / "load_average_one.toml").write_text(
+        LOAD_AVERAGE.read_text().replace('host = "local"', f'host = "{first}"')
     )
-    return config, tuple(tools)
+    inventory = work / "inventory.d"
+    inventory.mkdir()
+    fleet.write_inventory(
+        inventory / "fleet.toml",
+        max_connections=1,
+        connect_timeout_seconds=CONNECT_TIMEOUT_SECONDS,
+    )
+    config = work / "config.toml"
+    config.write_text(daemon_config(work, fleet.aliases))
+    return config, (FANOUT_TOOL, "load_average_one")
 
 
 def daemon_config(work: Path, aliases: tuple[str, ...]) -> str:
@@ -210,10 +217,12 @@ socket_mode = "0600"
 allow = {{ uids = [{os.getuid()}] }}
 max_queue = {len(aliases) + 64}
 max_connections = {len(aliases) + 64}
+max_fanout_hosts_in_flight = {max(64, len(aliases))}
 
 [paths]
 commands = "commands"
 schemas = "{ROOT / "schemas"}"
+inventory = "inventory.d"
 
 [audit]
 path = "{work / "audit.jsonl"}"
@@ -249,36 +258,31 @@ def launch(config: Path, work: Path, name: str) -> tuple[Daemon, float]:
 
 
 async def sshadapter_fanout(side: SshadapterSide, n: int, warm: bool) -> tuple[Timing, int]:
-    """SLOT: one fan-out over the fleet's ``n`` hosts; (timing, answer bytes).
-
-    Interim: ``n`` concurrent single calls, one per host's command file, each on an
-    agent connection of its own. ``warm`` says whether the pool is connected already
-    (the interim daemon connects every host at start, so it makes no difference)."""
-    del warm  # the real fan-out call needs nothing else either
-
-    async def one(tool: str) -> tuple[bool, int]:
-        conn = await AgentConn.open(side.daemon.socket)
-        try:
-            line = orjson.dumps({"op": "call", "tool": tool, "args": {}}) + b"\n"
-            conn.writer.write(line)
+    """One fan-out call over the fleet's ``n`` hosts (the group all-hosts holds them all);
+    (timing, answer bytes). ``warm``: the pool holds a connection to every host already
+    (the first call after start is the cold one: the daemon connects lazily)."""
+    del warm, n  # the same call either way: the pool's state is what differs
+    conn = await AgentConn.open(side.daemon.socket)
+    try:
+        line = orjson.dumps({"op": "call", "tool": FANOUT_TOOL, "args": {"run_on": "all-hosts"}})
+        started = time.perf_counter()
+        async with asyncio.timeout(CALL_TIMEOUT_SECONDS):
+            conn.writer.write(line + b"\n")
             await conn.writer.drain()
             answer = await conn.reader.readline()
-        finally:
-            await conn.close()
-        return orjson.loads(answer).get("outcome") == "success", len(answer)
-
-    started = time.perf_counter()
-    async with asyncio.timeout(CALL_TIMEOUT_SECONDS):
-        done = await asyncio.gather(*(one(t) for t in side.tools[:n]), return_exceptions=True)
-    seconds = time.perf_counter() - started
-    answers = [d for d in done if isinstance(d, tuple)]
-    failed = [type(d).__name__ for d in done if not isinstance(d, tuple)]
-    note = f"{len(failed)} calls failed ({', '.join(sorted(set(failed)))})" if failed else ""
-    return Timing(seconds, sum(ok for ok, _ in answers), note), sum(s for _, s in answers)
+        seconds = time.perf_counter() - started
+    finally:
+        await conn.close()
+    envelope = orjson.loads(answer)
+    data = envelope.get("data") or {}
+    note = "" if envelope.get("outcome") == "success" else f"top-level {envelope.get('error')}"
+    if data.get("failed"):
+        note = f"failures by code: {data.get('failures_by_code')}"
+    return Timing(seconds, int(data.get("succeeded", 0)), note), len(answer)
 
 
 async def start_sshadapter(fleet: Fleet, work: Path) -> SshadapterSide:
-    """SLOT: a daemon serving the fleet, ready (its socket answers ``list``)."""
+    """A daemon serving the fleet, ready (its socket answers ``list``)."""
     config, tools = write_sshadapter_files(fleet, work)
     daemon, launched = launch(config, work, "fleet")
     await daemon.wait_ready()
@@ -294,8 +298,6 @@ async def measure_sshadapter(fleet: Fleet, work: Path, result: SizeResult) -> Ss
     n = len(fleet.hosts)
     side = await start_sshadapter(fleet, work)
     cold, _ = await sshadapter_fanout(side, n, warm=False)
-    if FANOUT_IS_INTERIM:  # today's daemon connects every host at start: launch to answers
-        cold = Timing(time.perf_counter() - side.launched, cold.ok, "launch to all answers")
     result.rows["sshadapter cold"] = cold
     warm = [await sshadapter_fanout(side, n, warm=True) for _ in range(WARM_ROUNDS)]
     result.rows["sshadapter warm"] = median_timing([t for t, _ in warm])
@@ -308,9 +310,9 @@ async def measure_sshadapter(fleet: Fleet, work: Path, result: SizeResult) -> Ss
 async def loaded_p50(side: SshadapterSide) -> tuple[float, float, int]:
     """(idle p50 ms, p50 ms while fan-outs run back to back, fan-outs run) of a single call.
 
-    The single call is the first host's; with the interim method the "fan-out" is N
-    single calls competing for the same call slots, which is what the target is about."""
-    tool = side.tools[0]
+    The single call is load_average_one on the first host, while fan-outs over every host
+    (that one included) run back to back."""
+    tool = side.tools[1]
     n = len(side.fleet.hosts)
 
     async def single() -> float:
@@ -435,27 +437,26 @@ def measure_ansible(binary: Path, fleet: Fleet, work: Path, result: SizeResult) 
 async def startup_seconds(hosts: int, work: Path) -> tuple[float, float]:
     """(median seconds from launch to a ``list`` answer, RSS MB) with ``hosts`` configured.
 
-    SLOT: today every host is a [hosts.*] table of the config and one command file
-    names the first; the hosts point at a port nobody listens on (today's daemon tries
-    them all at start, each refused at once). With the inventory, write the hosts as
-    an inventory file instead (fleet.inventory_toml does the format)."""
+    The hosts are one inventory file sharing [host_defaults] (the daemon connects
+    lazily, so nobody need listen); one command file runs on their group."""
     times, rss = [], 0.0
     for run in range(STARTUP_RUNS):
         here = work / f"startup-{hosts}-{run}"
         (here / "commands").mkdir(parents=True)
+        (here / "inventory.d").mkdir()
         aliases = tuple(f"h{i + 1:04d}" for i in range(hosts))
-        source = LOAD_AVERAGE.read_text()
-        (here / "commands" / "load_average.toml").write_text(
-            source.replace('host = "local"', f'host = "{aliases[0]}"')
-        )
+        (here / "commands" / "load_average.toml").write_text(fleet_operation('["everyone"]'))
         tables = "".join(
-            f'[hosts.{alias}]\naddress = "127.0.{i // 253}.{2 + i % 253}"\nport = 9\n'
-            f'user = "nobody"\nknown_hosts = "{here / "known_hosts"}"\n\n'
+            f'[hosts.{alias}]\naddress = "127.0.{i // 253}.{2 + i % 253}"\nport = 9\n\n'
             for i, alias in enumerate(aliases)
         )
+        defaults = f'[host_defaults]\nuser = "nobody"\nknown_hosts = "{here / "known_hosts"}"\n'
+        labels = 'labels = { fleet = "bench" }\n\n'
+        group = '[groups.everyone]\nmatch = { fleet = "bench" }\n'
+        (here / "inventory.d" / "fleet.toml").write_text(defaults + labels + tables + group)
         (here / "known_hosts").write_text("")
         config = here / "config.toml"
-        config.write_text(daemon_config(here, aliases) + tables)
+        config.write_text(daemon_config(here, aliases))
         daemon, launched = launch(config, here, f"startup-{hosts}")
         try:
             await daemon.wait_ready()
@@ -572,7 +573,7 @@ def report(results: list[SizeResult], startup: dict[int, tuple[float, float]]) -
     at = next((r for r in results if r.n == TARGET_N), None)
     loaded = next((r for r in results if "single call loaded p50" in r.rows), None)
     largest = max(results, key=lambda r: r.n) if results else None
-    print(f"\nIssue 19 targets ({'INTERIM sshadapter method' if FANOUT_IS_INTERIM else 'fan-out'})")
+    print("\nIssue 19 targets (one fan-out call)")
     rows: list[tuple[str, float, str, float, str]] = []
     if at is not None:
         rows += [
@@ -595,7 +596,7 @@ def report(results: list[SizeResult], startup: dict[int, tuple[float, float]]) -
                 ratio(at, "sshadapter cold", "raw asyncssh cold"),
                 "<=",
                 COLD_RATIO_TARGET,
-                "interim: includes daemon launch" if FANOUT_IS_INTERIM else "",
+                "first call after start: connects every host",
             ),
         ]
     else:
@@ -608,7 +609,7 @@ def report(results: list[SizeResult], startup: dict[int, tuple[float, float]]) -
                 big[0],
                 "<=",
                 STARTUP_TARGET_SECONDS,
-                f"RSS {big[1]:.0f} MB; SLOT: today's config, not the inventory",
+                f"RSS {big[1]:.0f} MB; one inventory file, nothing connected",
             ),
             (
                 f"start-up {max(startup)} / {min(startup)} hosts (flat)",
@@ -629,7 +630,7 @@ def report(results: list[SizeResult], startup: dict[int, tuple[float, float]]) -
                 estimate,
                 "<=",
                 RSS_TARGET_MB,
-                f"SLOT: extrapolated, {slope * 1000:.0f} kB per host from N={a.n}, {b.n}",
+                f"extrapolated, {slope * 1000:.0f} kB per host from N={a.n}, {b.n}",
             )
         )
     else:
@@ -655,7 +656,8 @@ def report(results: list[SizeResult], startup: dict[int, tuple[float, float]]) -
     if largest is not None:
         print(
             f"  info  answer bytes, N={largest.n}: {largest.answer_bytes} "
-            "(SLOT: a fan-out answer is bounded by its result cap; interim: N envelopes)"
+            f"(bounded by [fanout] max_results: here every host, at most {FANOUT_MAX_RESULTS}; "
+            "the default of 100 entries is about 16 KB)"
         )
 
 
