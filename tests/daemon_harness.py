@@ -18,6 +18,7 @@ from sshadapter.config import (
     Config,
     HostSection,
     PathsSection,
+    PoolSection,
     ServerSection,
 )
 from sshadapter.daemon.assemble import assemble
@@ -101,13 +102,15 @@ def with_daemon(
     ssh: bool = False,
     dispatch_hosts: Collection[str] = (),
     dispatch_clock: Callable[[], float] | None = None,
+    pool: PoolSection | None = None,
     **server: Any,
 ) -> None:
     """Start a daemon, run ``body`` against it, stop it (draining), all in one event loop.
 
     The daemon is ``daemon.assemble``'s, as `serve` builds it; ``runner`` replaces its
     runner (default: the scripted job runner; ``ssh=True``: the production SSH runner).
-    ``dispatch_hosts`` are `dispatch = true`; ``dispatch_clock`` is their policy monitor's.
+    ``dispatch_hosts`` are `dispatch = true`; ``dispatch_clock`` is their policy monitor's;
+    ``pool`` is the `[pool]` section (`warm` hosts are connected, and checked, at start).
     """
 
     commands = commands or shipped_commands(tmp_path)
@@ -128,6 +131,7 @@ def with_daemon(
                 quarantine_dir=tmp_path / "quarantine",
                 quarantine_max_bytes=1024 * 1024 if quarantine else 0,
             ),
+            pool=pool or PoolSection(),
             hosts=dict(
                 hosts
                 or {

@@ -8,7 +8,9 @@ builds each dispatch host's policy, all or nothing, here and at every reload.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import resource
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -29,6 +31,38 @@ from sshadapter.errors import ConfigError
 from sshadapter.runners.interface import Runner
 from sshadapter.runners.ssh.runner import SshRunner
 
+log = logging.getLogger(__name__)
+
+
+def warm_aliases(config: Config, file: str = "<config>") -> list[str]:
+    """The host aliases ``[pool] warm`` names, or ConfigError for a name that is no host.
+
+    One function, so that names of groups can be resolved here once there are groups.
+    """
+    for name in config.pool.warm:
+        if name not in config.hosts:
+            raise ConfigError(file, "pool.warm", f"{name!r} is not a host alias of [hosts]")
+    return list(dict.fromkeys(config.pool.warm))
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; the (soft, hard) limits then.
+
+    systemd starts services with a soft limit of 1024 and asks programs that use no
+    select() to raise it themselves: asyncio uses epoll, the pool poll(). The unit's
+    LimitNOFILE= usually has done it already. A refusal is logged, not fatal.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (OSError, ValueError) as exc:
+            log.warning("open files limit stays %d (hard %d): %s", soft, hard, exc)
+            return soft, hard
+        log.info("open files limit raised from %d to %d", soft, hard)
+        soft = hard
+    return soft, hard
+
 
 def assemble(
     config: Config,
@@ -38,16 +72,19 @@ def assemble(
     sleep: Sleep = asyncio.sleep,
     judge: Judge | None = None,
     dispatch_clock: Callable[[], float] | None = None,
+    config_file: str = "<config>",
 ) -> Daemon:
     """Everything a daemon is made of, from one configuration: serve, demo and tests use it.
 
     ``runner`` replaces the SSH runner (tests); ``clock`` and ``sleep`` are the time the
     freshness checks and the retry backoff see; ``judge`` replaces the one the
     configuration's ``evaluation_workers`` gives (tests watch it); ``dispatch_clock`` is
-    the policy monitor's (when its hosts were last checked). Each part is given to the
-    pieces that use it: the Service and the Daemon share them. Raises ConfigError
-    naming the path and the reason when a file or directory cannot be used.
+    the policy monitor's (when its hosts were last checked); ``config_file`` names the
+    configuration in errors. Each part is given to the pieces that use it: the Service
+    and the Daemon share them. Raises ConfigError naming the path and the reason when a
+    file or directory cannot be used.
     """
+    warm = warm_aliases(config, config_file)
     registry, policies = load(config)
     metrics = Metrics()
     audit = AuditLog(config.audit.path, fsync=config.audit.fsync)
@@ -58,16 +95,27 @@ def assemble(
     except BaseException:
         audit.close()
         raise
+    monitor: PolicyMonitor | None = None
+
+    def connected(alias: str) -> None:
+        """A new connection to a dispatch host: its policy is checked (unless just was)."""
+        if monitor is not None and config.hosts[alias].dispatch:
+            monitor.suspect(alias)
+
     if runner is None:
         ssh = SshRunner(
             config.hosts,
+            pool=config.pool,
             on_connect_failure=lambda host, reason: metrics.connect_failures.labels(
                 host, reason
             ).inc(),
+            on_connect=connected,
+            on_close=lambda reason: metrics.connections_closed.labels(reason).inc(),
         )
         metrics.watch_connections(ssh.connections)
+        metrics.connections_open.set_function(lambda: ssh.open_connections)
+        metrics.handshakes_in_flight.set_function(lambda: ssh.handshakes_in_flight)
         runner = ssh
-    monitor = None
     if policies:  # docs/dispatcher.md "Drift"
         monitor = PolicyMonitor(runner, metrics, clock=dispatch_clock or time.monotonic)
         monitor.expect(policies)
@@ -95,13 +143,15 @@ def assemble(
         metrics=metrics,
         judge=judge,
         dispatch=monitor,
+        warm=warm,
     )
 
 
 async def run_daemon(config_path: Path | None) -> int:
     """`sshadapter serve`: load everything, bind, serve until told to stop."""
     config, _ = load_config(config_path)
-    daemon = assemble(config)
+    daemon = assemble(config, config_file=str(config_path or "<defaults>"))
+    raise_open_files_limit()  # 512 SSH connections and 256 agents pass systemd's 1024
     if (metrics := config.metrics.address) is not None:  # its form checked by load_config
         host, port = metrics
         try:
