@@ -300,7 +300,6 @@ def _load_for_check(args: argparse.Namespace) -> tuple[Path | None, Registry]:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from sshadapter.check.report import check_registry, format_table, warnings
-
     from sshadapter.daemon.assemble import warm_aliases
 
     config_path, config, registry, policies = _load_with_path(args)

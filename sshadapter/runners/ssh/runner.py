@@ -65,21 +65,22 @@ class SshRunner:
         self,
         hosts: Mapping[str, HostSection],
         *,
-        pool: PoolSection = PoolSection(),
+        pool: PoolSection | None = None,
         credentials_dir: Path | None = None,
         on_connect_failure: Callable[[str, str], None] | None = None,
         on_connect: Callable[[str], None] | None = None,
         on_close: Callable[[str], None] | None = None,
     ) -> None:
-        """``pool``: the bounds all hosts share. Callbacks (an exception is logged, never
-        raised): ``on_connect_failure(alias, reason)`` once per failed connect;
+        """``pool``: the bounds all hosts share (None: the defaults). Callbacks (an
+        exception is logged, never raised): ``on_connect_failure(alias, reason)`` once
+        per failed connect;
         ``on_connect(alias)`` each time a new connection to ``alias`` is established;
         ``on_close(reason)`` each time the pool closes an idle connection itself
         (``fleet.CLOSE_REASONS``)."""
         if credentials_dir is None and os.environ.get("CREDENTIALS_DIRECTORY"):
             credentials_dir = Path(os.environ["CREDENTIALS_DIRECTORY"])
         self._fleet = Fleet(
-            pool,
+            pool or PoolSection(),
             FileCache(credentials_dir),
             on_connect_failure=on_connect_failure,
             on_connect=on_connect,
