@@ -342,8 +342,11 @@ def _load_for_check(args: argparse.Namespace) -> tuple[Path | None, Registry]:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from sshadapter.check.report import check_registry, format_table, warnings
+    from sshadapter.daemon.assemble import warm_aliases
+    from sshadapter.inventory import load_inventory
 
     config_path, config, registry, policies = _load_with_path(args)
+    warm_aliases(config, load_inventory(config), str(config_path or "<defaults>"))  # as serve
     rows = check_registry(registry)
     for warning in warnings(registry):  # not a miss: the exit status stays the table's
         print(f"sshadapter: warning: {warning}", file=sys.stderr)

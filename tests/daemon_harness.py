@@ -20,6 +20,7 @@ from sshadapter.config import (
     GroupSection,
     HostSection,
     PathsSection,
+    PoolSection,
     ServerSection,
 )
 from sshadapter.daemon.assemble import assemble
@@ -105,6 +106,7 @@ def with_daemon(
     dispatch_clock: Callable[[], float] | None = None,
     groups: Mapping[str, GroupSection] | None = None,
     grants: tuple[Grant, ...] = (),
+    pool: PoolSection | None = None,
     **server: Any,
 ) -> None:
     """Start a daemon, run ``body`` against it, stop it (draining), all in one event loop.
@@ -113,6 +115,8 @@ def with_daemon(
     runner (default: the scripted job runner; ``ssh=True``: the production SSH runner).
     ``dispatch_hosts`` are `dispatch = true`; ``dispatch_clock`` is their policy monitor's.
     ``groups`` and ``grants`` are the configuration's `[groups]` and `[[grants]]`.
+    ``dispatch_hosts`` are `dispatch = true`; ``dispatch_clock`` is their policy monitor's;
+    ``pool`` is the `[pool]` section (`warm` hosts are connected, and checked, at start).
     """
 
     commands = commands or shipped_commands(tmp_path)
@@ -133,6 +137,7 @@ def with_daemon(
                 quarantine_dir=tmp_path / "quarantine",
                 quarantine_max_bytes=1024 * 1024 if quarantine else 0,
             ),
+            pool=pool or PoolSection(),
             hosts=dict(
                 hosts
                 or {

@@ -356,6 +356,10 @@ class FaultServer:
         self.forced_command: str | None = None
         """Run this instead of what the client asked (like sshd's ForceCommand): one
         server of a fleet hangs or lies while the others answer the same command."""
+        self.auth_delay = 0.0  # seconds each handshake waits before authentication
+        self.handshaking = 0  # connections accepted and not yet authenticated
+        self.handshakes_peak = 0  # the most of those at once (reset it before a test)
+        self.accepted = 0  # connections accepted so far
         host_key = asyncssh.generate_private_key("ssh-ed25519")
         client_key = asyncssh.generate_private_key("ssh-ed25519")
         self.client_key = workdir / "fault_client_key"
@@ -423,10 +427,25 @@ class FaultServer:
         server = self
 
         class Tracking(asyncssh.SSHServer):
+            authenticated = False
+
             def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
                 server._connections.add(conn)
+                server.accepted += 1
+                server.handshaking += 1
+                server.handshakes_peak = max(server.handshakes_peak, server.handshaking)
+
+            async def begin_auth(self, username: str) -> bool:
+                await asyncio.sleep(server.auth_delay)
+                return True  # then the authorized client key, as configured below
+
+            def auth_completed(self) -> None:
+                self.authenticated = True
+                server.handshaking -= 1
 
             def connection_lost(self, exc: Exception | None) -> None:
+                if not self.authenticated:
+                    server.handshaking -= 1
                 server._connections.difference_update(
                     [c for c in server._connections if c.is_closed()]
                 )

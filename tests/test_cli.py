@@ -348,3 +348,20 @@ def test_a_schema_miss_shows_the_detail_and_both_paths(examples: Path) -> None:
     assert row["rejection"]["instance_path"] == "/run_id"
     assert row["rejection"]["schema_path"].startswith("/properties/run_id")
     assert "is not of type" in row["rejection"]["detail"] and row["why"].startswith("schema/")
+
+
+def test_check_refuses_a_warm_name_that_is_no_host(tmp_path: Path) -> None:
+    """`[pool] warm` naming an alias not in [hosts]: `check` refuses it in one line, as serve."""
+    config = tmp_path / "config.toml"
+    hosts = "".join(
+        f'[hosts.{alias}]\naddress = "{alias}.example.invalid"\nuser = "agent"\n'
+        'known_hosts = "known_hosts"\n\n'
+        for alias in ("ci", "local")
+    )
+    config.write_text(
+        f'[paths]\ncommands = "{REPO / "commands"}"\nschemas = "{REPO / "schemas"}"\n\n'
+        f'[pool]\nwarm = ["ci", "db"]\n\n{hosts}'
+    )
+    done = run_cli("check", "--config", str(config), cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"sshadapter: {config}: pool.warm: 'db' is not a host alias of [hosts]\n"

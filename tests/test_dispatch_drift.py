@@ -19,6 +19,7 @@ import orjson
 from daemon_harness import JOB_COMMAND, JOB_OUT, Running, with_daemon
 from dispatch_support import ROOT, open_commands, policy_without, shipped_registry
 
+from sshadapter.config import PoolSection
 from sshadapter.contract.evaluate import evaluate
 from sshadapter.contract.exitstatus import REFUSED_STATUS
 from sshadapter.daemon.drift import RECHECK_AFTER_REFUSAL_SECONDS, PolicyMonitor, compare
@@ -89,6 +90,7 @@ def run(
         commands=commands,
         dispatch_hosts=("ci",),
         dispatch_clock=clock,
+        pool=PoolSection(warm=("ci",)),  # checked at start: connected at start
     )
 
 

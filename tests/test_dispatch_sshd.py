@@ -45,7 +45,14 @@ from test_commands import HOSTILE_ARGUMENTS
 
 from sshadapter.check.fixtures import load_fixtures
 from sshadapter.cli import main as cli_main
-from sshadapter.config import Allow, AuditSection, Config, PathsSection, ServerSection
+from sshadapter.config import (
+    Allow,
+    AuditSection,
+    Config,
+    PathsSection,
+    PoolSection,
+    ServerSection,
+)
 from sshadapter.contract.registry import Registry, load_registry
 from sshadapter.daemon.assemble import assemble
 from sshadapter.daemon.drift import PolicyMonitor
@@ -231,6 +238,7 @@ def daemon_config(tmp_path: Path, host: Host, keys: Mapping[str, Path], dispatch
             alias: host.sshd.host_section(client_keys=(keys[alias],), dispatch=dispatch)
             for alias in HOSTS
         },
+        pool=PoolSection(warm=HOSTS if dispatch else ()),  # dispatch hosts checked at start
     )
 
 
@@ -545,7 +553,9 @@ def test_a_host_one_operation_behind_is_refused_until_updated(host: Host, tmp_pa
     key = tmp_path / "local_key"
     generate_key(key)
     config = daemon_config(tmp_path / "d", host, {"ci": key, "local": key}, dispatch=True)
-    config = config.model_copy(update={"hosts": {"local": config.hosts["local"]}})
+    config = config.model_copy(
+        update={"hosts": {"local": config.hosts["local"]}, "pool": PoolSection(warm=("local",))}
+    )
     commands = config.paths.commands
     for path in commands.glob("*.toml"):
         if 'host = "ci"' in path.read_text():

@@ -437,7 +437,7 @@ def test_a_reload_removing_the_group_lets_the_running_fan_out_finish(tmp_path: P
     from sshadapter.daemon.assemble import assemble
     from sshadapter.daemon.unix_socket import bind_socket
 
-    commands, schemas = operator_files(tmp_path)
+    commands, _ = operator_files(tmp_path)
     (tmp_path / "inventory.d").mkdir()
     fleet_file = tmp_path / "inventory.d" / "fleet.toml"
     hosts = "".join(f'[hosts.web{i}]\naddress = "127.0.0.1"\n' for i in range(3))

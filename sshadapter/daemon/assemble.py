@@ -8,7 +8,9 @@ builds each dispatch host's policy, all or nothing, here and at every reload.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import resource
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -26,8 +28,39 @@ from sshadapter.daemon.server import Daemon, load
 from sshadapter.daemon.service import Service, Sleep
 from sshadapter.daemon.unix_socket import open_listening_socket, unlink_if_ours
 from sshadapter.errors import ConfigError
+from sshadapter.inventory import Inventory
 from sshadapter.runners.interface import Runner
 from sshadapter.runners.ssh.runner import SshRunner
+
+log = logging.getLogger(__name__)
+
+
+def warm_aliases(config: Config, inventory: Inventory, file: str = "<config>") -> list[str]:
+    """The hosts ``[pool] warm`` names (host aliases, or groups for all their members), or
+    ConfigError for a name that is neither."""
+    for name in config.pool.warm:
+        if not inventory.exists(name):
+            raise ConfigError(file, "pool.warm", f"{name!r} is no host alias and no group")
+    return list(dict.fromkeys(a for name in config.pool.warm for a in inventory.members(name)))
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; the (soft, hard) limits then.
+
+    systemd starts services with a soft limit of 1024 and asks programs that use no
+    select() to raise it themselves: asyncio uses epoll, the pool poll(). The unit's
+    LimitNOFILE= usually has done it already. A refusal is logged, not fatal.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (OSError, ValueError) as exc:
+            log.warning("open files limit stays %d (hard %d): %s", soft, hard, exc)
+            return soft, hard
+        log.info("open files limit raised from %d to %d", soft, hard)
+        soft = hard
+    return soft, hard
 
 
 def assemble(
@@ -45,12 +78,14 @@ def assemble(
     ``runner`` replaces the SSH runner (tests); ``clock`` and ``sleep`` are the time the
     freshness checks and the retry backoff see; ``judge`` replaces the one the
     configuration's ``evaluation_workers`` gives (tests watch it); ``dispatch_clock`` is
-    the policy monitor's (when its hosts were last checked). Each part is given to the
-    pieces that use it: the Service and the Daemon share them. Raises ConfigError
-    naming the path and the reason when a file or directory cannot be used.
+    the policy monitor's (when its hosts were last checked); ``config_path`` is the file
+    SIGHUP reads again and errors name. Each part is given to the pieces that use it: the Service
+    and the Daemon share them. Raises ConfigError naming the path and the reason when a
+    file or directory cannot be used.
     """
     loaded = load(config)
     registry, policies = loaded.registry, loaded.policies
+    warm = warm_aliases(config, loaded.inventory, str(config_path or "<config>"))
     metrics = Metrics()
     audit = AuditLog(config.audit.path, fsync=config.audit.fsync)
     audit.open()
@@ -60,16 +95,27 @@ def assemble(
     except BaseException:
         audit.close()
         raise
+    monitor: PolicyMonitor | None = None
+
+    def connected(alias: str) -> None:
+        """A new connection to a dispatch host: its policy is checked (unless just was)."""
+        if monitor is not None and config.hosts[alias].dispatch:
+            monitor.suspect(alias)
+
     if runner is None:
         ssh = SshRunner(
             config.hosts,
+            pool=config.pool,
             on_connect_failure=lambda host, reason: metrics.connect_failures.labels(
                 host, reason
             ).inc(),
+            on_connect=connected,
+            on_close=lambda reason: metrics.connections_closed.labels(reason).inc(),
         )
         metrics.watch_connections(ssh.connections)
+        metrics.connections_open.set_function(lambda: ssh.open_connections)
+        metrics.handshakes_in_flight.set_function(lambda: ssh.handshakes_in_flight)
         runner = ssh
-    monitor = None
     if policies:  # docs/dispatcher.md "Drift"
         monitor = PolicyMonitor(runner, metrics, clock=dispatch_clock or time.monotonic)
         monitor.expect(policies)
@@ -101,6 +147,7 @@ def assemble(
         judge=judge,
         dispatch=monitor,
         config_path=config_path,
+        warm=warm,
     )
 
 
@@ -108,6 +155,7 @@ async def run_daemon(config_path: Path | None) -> int:
     """`sshadapter serve`: load everything, bind, serve until told to stop."""
     config, _ = load_config(config_path)
     daemon = assemble(config, config_path=config_path)
+    raise_open_files_limit()  # 512 SSH connections and 256 agents pass systemd's 1024
     if (metrics := config.metrics.address) is not None:  # its form checked by load_config
         host, port = metrics
         try:

@@ -8,7 +8,8 @@ one the daemon computes from its own command files (or is missing there) is
 refused with ``transport``/``policy_drift`` before anything is sent, until
 a later check finds them equal.
 
-When: at warm-up, after each SIGHUP reload, every ``RECHECK_SECONDS``, and
+When: when a connection to the host opens (``suspect``, from assemble's
+``on_connect``), after each SIGHUP reload, every ``RECHECK_SECONDS``, and
 soon after a call the host's dispatcher refused (``remote_refused``), at most
 every ``RECHECK_AFTER_REFUSAL_SECONDS``. A host that cannot be reached keeps
 what was last known; one never reached is not held back (its dispatcher

@@ -24,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sshadapter import __version__
+from sshadapter.runners.ssh.fleet import CLOSE_REASONS
 
 # Seconds: a warm SSH call takes ~4 ms; timeouts go up to minutes.
 DURATION_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -129,12 +130,30 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.connections_open = Gauge(
+            "sshadapter_ssh_connections_open",
+            "Open SSH connections, all hosts together (max_connections_total bounds them).",
+            registry=r,
+        )
+        self.handshakes_in_flight = Gauge(
+            "sshadapter_ssh_handshakes_in_flight",
+            "SSH connects in flight (connect_concurrency bounds them).",
+            registry=r,
+        )
+        self.connections_closed = Counter(
+            "sshadapter_ssh_connections_closed",
+            "SSH connections the pool closed itself: idle too long, or LRU at the total cap.",
+            ["reason"],
+            registry=r,
+        )
         self.reloads = Counter(
             "sshadapter_reloads", "Reloads of commands and schemas.", ["result"], registry=r
         )
         self._children: dict[tuple[str, str, str | None], tuple[Any, Any]] = {}
         for reason in CLIENT_DROP_REASONS:  # every series exists from the start, at 0
             self.client_drops.labels(reason)
+        for reason in CLOSE_REASONS:
+            self.connections_closed.labels(reason)
         build = Gauge(
             "sshadapter_build_info", "Version of the running daemon.", ["version"], registry=r
         )

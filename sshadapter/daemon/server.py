@@ -26,6 +26,7 @@ import os
 import select
 import signal
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -115,6 +116,7 @@ class Daemon:
         judge: Judge,
         dispatch: PolicyMonitor | None = None,
         config_path: Path | None = None,
+        warm: Sequence[str] = (),
     ) -> None:
         self.config = config
         self.config_path = config_path
@@ -122,7 +124,9 @@ class Daemon:
         self.service = service
         """Answers each request line."""
         self.runner = runner
-        """Warmed at start, closed at the end of the drain."""
+        """Its ``warm`` hosts connected at start, closed at the end of the drain."""
+        self.warm = tuple(warm)
+        """The host aliases connected at start (``[pool] warm``); the others on first use."""
         self.audit = audit
         """The start record; reopened at SIGHUP, closed last."""
         self.metrics = metrics
@@ -160,7 +164,8 @@ class Daemon:
                 limit=self.config.server.max_request_bytes + 1,
                 backlog=SOCKET_BACKLOG,
             )
-            warming = [asyncio.create_task(self._warm(alias)) for alias in self.config.hosts]
+            # Only what the operator asked for; the runner bounds the handshakes in flight.
+            warming = [asyncio.create_task(self._warm(alias)) for alias in self.warm]
             if self.dispatch is not None:
                 warming.append(asyncio.create_task(self.dispatch.watch()))
             self.state = State.SERVING
@@ -265,7 +270,8 @@ class Daemon:
     async def _warm(self, alias: str) -> None:
         """Open the first connection before the first call needs it; a failure is only logged.
 
-        A dispatch host is then asked for its policy (sshadapter/daemon/drift.py).
+        A dispatch host is then asked for its policy (sshadapter/daemon/drift.py), unless
+        its new connection's own check (assemble's ``on_connect``) just began.
         """
         try:
             await self.runner.warm(alias)
@@ -273,7 +279,7 @@ class Daemon:
             log.warning("host %s not reachable yet: %s", alias, exc)
         monitor = self.dispatch
         if monitor is not None and alias in monitor.hosts:
-            await monitor.check(alias)
+            monitor.suspect(alias)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

@@ -2,7 +2,9 @@
 ``max_channels_per_connection`` channels, one connect in flight, callers beyond capacity wait.
 
 A refused channel open is retried on another connection; a connection with room and
-few calls keeps a spare channel ready (``spare``). Reference: docs/operations.md "SSH".
+few calls keeps a spare channel ready (``spare``). Every connect takes a slot of the
+fleet's total and one of its handshakes in flight, and an idle connection may be closed
+by the fleet (``fleet``). Reference: docs/operations.md "SSH".
 """
 
 from __future__ import annotations
@@ -12,9 +14,7 @@ import functools
 import logging
 import select
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Final
 
 import asyncssh
@@ -22,7 +22,8 @@ import asyncssh
 from sshadapter.config import HostSection
 from sshadapter.errors import UpstreamError
 from sshadapter.runners.ssh import exec_gate
-from sshadapter.runners.ssh.dial import dial, lists_host, load_keys, read_known_hosts
+from sshadapter.runners.ssh.dial import dial, lists_host
+from sshadapter.runners.ssh.fleet import Fleet
 from sshadapter.runners.ssh.session import Session, open_channel
 from sshadapter.runners.ssh.spare import SPARE_MAX_BUSY, Spare, exec_on_spare
 from sshadapter.runners.ssh.translate import again, translate
@@ -43,6 +44,13 @@ class Conn:
     ssh: asyncssh.SSHClientConnection
     channels: int = 0
     spare: Spare | None = None
+    last_used: float = field(default_factory=time.monotonic)
+    """When a call last took or gave back a channel (monotonic): for idle and LRU close."""
+
+    @property
+    def busy(self) -> int:
+        """Channels of calls (its spare's slot aside): 0 is idle."""
+        return self.channels - (self.spare is not None)
 
     @property
     def spare_ready(self) -> bool:
@@ -60,20 +68,13 @@ class Conn:
 class Pool:
     """The connections to one host alias."""
 
-    def __init__(
-        self,
-        alias: str,
-        section: HostSection,
-        credentials_dir: Path | None,
-        on_connect_failure: Callable[[str, str], None] | None,
-    ) -> None:
+    def __init__(self, alias: str, section: HostSection, fleet: Fleet) -> None:
         self.alias = alias
         self._section = section
-        self._credentials_dir = credentials_dir
-        self._on_connect_failure = on_connect_failure
-        self._keys: list[asyncssh.SSHKey] | None = None  # loaded at the first connect
+        self._fleet = fleet
         self._conns: list[Conn] = []
         self._connecting: asyncio.Task[Conn | UpstreamError] | None = None
+        self._awaiting_room = False  # one caller waits for a slot of the fleet's total
         self._failed_at = float("-inf")
         self._changed = asyncio.Event()
         self._closed = False
@@ -148,10 +149,15 @@ class Pool:
                 raise UpstreamError("pool_closed", retryable=False, ran=False)
             conn = self._pick(exclude=avoid)
             if conn is None and self._connecting is None and self._may_connect():
-                self._connecting = asyncio.create_task(self._connect())
+                if self._fleet.reserve(evict=True):
+                    self._connecting = asyncio.create_task(self._connect())
+                elif not self._awaiting_room:  # at the total cap, nothing idle: wait
+                    await self._await_room()
+                    continue
             if conn is None and self._connecting is None:
                 conn = self._pick(exclude=None)  # the avoided connection is all there is
             if conn is not None:
+                conn.last_used = time.monotonic()
                 if conn.channels < self._section.max_channels_per_connection:
                     conn.channels += 1
                     return conn, True
@@ -167,9 +173,43 @@ class Pool:
             changed = self._changed
             await changed.wait()
 
+    async def warm(self) -> None:
+        """Open one connection ahead of the first call, unless one is open or the fleet is
+        full (warming closes no other host's connection); raises like acquire()."""
+        if self._closed:
+            raise UpstreamError("pool_closed", retryable=False, ran=False)
+        if self._conns:
+            return
+        if self._connecting is None:
+            if not self._fleet.reserve(evict=False):
+                log.warning("host %s not warmed: max_connections_total are open", self.alias)
+                return
+            self._connecting = asyncio.create_task(self._connect())
+        task = self._connecting
+        await asyncio.wait([task])  # as in acquire: a shared connect is not ours to cancel
+        outcome = None if task.cancelled() else task.result()
+        if isinstance(outcome, UpstreamError) and not self._conns:
+            raise again(outcome) from outcome.__cause__
+
     def release(self, conn: Conn) -> None:
         conn.channels -= 1
+        conn.last_used = time.monotonic()
+        if conn.busy == 0:
+            self._fleet.notify()  # idle now: a pool waiting at the total cap may close it
         self._notify()
+
+    def oldest_idle(self) -> float | None:
+        """When this pool's least recently used idle connection was last used (fleet LRU)."""
+        return min((c.last_used for c in self._conns if c.busy == 0), default=None)
+
+    def close_oldest_idle(self, reason: str) -> None:
+        idle = [c for c in self._conns if c.busy == 0]
+        if idle:
+            self._drop(min(idle, key=lambda c: c.last_used), reason)
+
+    def close_idle(self, before: float) -> None:
+        for conn in [c for c in self._conns if c.busy == 0 and c.last_used < before]:
+            self._drop(conn, "idle")
 
     async def close(self) -> None:
         self._closed = True
@@ -178,6 +218,7 @@ class Pool:
             await asyncio.wait([self._connecting])
         conns, self._conns = self._conns, []
         for conn in conns:
+            self._fleet.gone()
             if conn.spare is not None:
                 conn.spare.abandon()
             conn.ssh.close()
@@ -241,19 +282,43 @@ class Pool:
 
     def _forget(self, ssh: asyncssh.SSHClientConnection) -> None:
         """Drop a closed or lost connection; it is replaced on demand."""
-        self._conns = [c for c in self._conns if c.ssh is not ssh]
+        kept = [c for c in self._conns if c.ssh is not ssh]
+        if len(kept) < len(self._conns):
+            self._conns = kept
+            self._fleet.gone()
         self._notify()
 
+    def _drop(self, conn: Conn, reason: str) -> None:
+        """Close an idle connection (idle for too long, or the LRU one at the total cap)."""
+        log.info("ssh connection to host %s closed: %s", self.alias, reason)
+        if conn.spare is not None:
+            conn.spare.abandon()
+        self._forget(conn.ssh)
+        conn.ssh.close()
+        self._fleet.closed(reason)
+
+    async def _await_room(self) -> None:
+        """Wait for a slot of the fleet's total, within the caller's own timeout; one caller
+        per pool waits there, the others wait for this pool to change."""
+        self._awaiting_room = True
+        try:
+            await self._fleet.wait_for_room(self._changed)
+        finally:
+            self._awaiting_room = False
+            self._notify()  # if this caller gave up, another takes its place
+
     async def _connect(self) -> Conn | UpstreamError:
-        """The single connect in flight: adds the connection or returns the translated error."""
+        """The single connect in flight, holding a reserved slot of the fleet's total:
+        adds the connection or returns the translated error."""
         outcome: Conn | UpstreamError
         host_listed = False
+        reserved = True
         try:
-            if self._keys is None:
-                self._keys = load_keys(self._section, self._credentials_dir)
-            known_hosts = read_known_hosts(self._section.known_hosts)
+            keys = self._fleet.files.keys(self._section)
+            known_hosts = self._fleet.files.known_hosts(self._section.known_hosts)
             host_listed = lists_host(known_hosts, self._section)
-            ssh = await dial(self._section, self._keys, known_hosts, self._forget)
+            async with self._fleet.handshake():
+                ssh = await dial(self._section, keys, known_hosts, self._forget)
         except Exception as exc:  # every failure is translated; nothing escapes the task
             self._failed_at = time.monotonic()
             outcome = translate(exc, ran=False, connecting=True, host_listed=host_listed)
@@ -261,15 +326,16 @@ class Pool:
             log.warning(
                 "ssh connect to host %s failed: %s (%s)", self.alias, outcome.reason, outcome.detail
             )
-            if self._on_connect_failure is not None:
-                try:
-                    self._on_connect_failure(self.alias, outcome.reason)
-                except Exception:  # a metrics bug must not break the calls waiting here
-                    log.exception("on_connect_failure callback failed")
+            self._fleet.connect_failed(self.alias, outcome.reason)
         else:
             outcome = Conn(ssh)
             self._conns.append(outcome)
+            reserved = False
+            self._fleet.established(self.alias)
             self._refill(outcome, reserved=False)
+        finally:
+            if reserved:  # failed or cancelled: the slot goes back
+                self._fleet.unreserve()
         self._connecting = None
         self._notify()
         return outcome

@@ -18,10 +18,17 @@ which frees sessions late). A connection is opened only when every open one is
 full, and at most one connect is in flight per host (sshd's ``MaxStartups``
 drops bursts of new connections). Callers beyond capacity wait.
 
+Across hosts (``[pool]``, ``fleet``): nothing connects until a call or ``warm`` needs
+it; at most ``connect_concurrency`` handshakes are in flight and
+``max_connections_total`` connections open, the least recently used idle one closing
+first at the cap; a connection idle for ``idle_close_seconds`` is closed. Each
+known_hosts file is parsed once per version, each key loaded once (``file_cache``).
+
 Errors: every asyncssh and OS exception becomes an ``UpstreamError`` in
 ``translate.translate`` and nowhere else (CONTRIBUTING.md: errors by blame, mapped in one place).
 
-The parts: ``pool`` (connections per host, channel slots, retries), ``dial``
+The parts: ``pool`` (connections per host, channel slots, retries), ``fleet`` (the
+bounds all hosts share), ``file_cache`` (parsed known_hosts and keys), ``dial``
 (one pinned, authenticated connection: keys and known_hosts), ``session`` (one
 command's capped channel), ``spare`` (channels opened ahead of need) and
 ``exec_gate``, alone because it patches asyncssh's one private method we rely on:
@@ -36,9 +43,11 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from sshadapter.config import HostSection
+from sshadapter.config import HostSection, PoolSection
 from sshadapter.errors import UpstreamError
 from sshadapter.runners.interface import RunResult
+from sshadapter.runners.ssh.file_cache import FileCache
+from sshadapter.runners.ssh.fleet import Fleet
 from sshadapter.runners.ssh.pool import Pool
 from sshadapter.runners.ssh.session import Session
 from sshadapter.runners.ssh.translate import translate
@@ -47,7 +56,7 @@ from sshadapter.runners.ssh.translate import translate
 class SshRunner:
     """Runs commands on configured hosts over pooled SSH connections (the Runner protocol).
 
-    Client keys are read once, at the first connection to each host, without a
+    Client keys are read once, at the first connection that needs them, without a
     passphrase: a passphrase-protected key is not supported (the daemon has no
     safe place to keep the passphrase; use a systemd credential instead).
     """
@@ -56,16 +65,29 @@ class SshRunner:
         self,
         hosts: Mapping[str, HostSection],
         *,
+        pool: PoolSection | None = None,
         credentials_dir: Path | None = None,
         on_connect_failure: Callable[[str, str], None] | None = None,
+        on_connect: Callable[[str], None] | None = None,
+        on_close: Callable[[str], None] | None = None,
     ) -> None:
-        """``on_connect_failure(alias, reason)`` is called once per failed connect (a metric)."""
+        """``pool``: the bounds all hosts share (None: the defaults). Callbacks (an
+        exception is logged, never raised): ``on_connect_failure(alias, reason)`` once
+        per failed connect;
+        ``on_connect(alias)`` each time a new connection to ``alias`` is established;
+        ``on_close(reason)`` each time the pool closes an idle connection itself
+        (``fleet.CLOSE_REASONS``)."""
         if credentials_dir is None and os.environ.get("CREDENTIALS_DIRECTORY"):
             credentials_dir = Path(os.environ["CREDENTIALS_DIRECTORY"])
-        self._pools = {
-            alias: Pool(alias, section, credentials_dir, on_connect_failure)
-            for alias, section in hosts.items()
-        }
+        self._fleet = Fleet(
+            pool or PoolSection(),
+            FileCache(credentials_dir),
+            on_connect_failure=on_connect_failure,
+            on_connect=on_connect,
+            on_close=on_close,
+        )
+        self._pools = {alias: Pool(alias, section, self._fleet) for alias, section in hosts.items()}
+        self._fleet.members = tuple(self._pools.values())
         self._closed = False
 
     def __repr__(self) -> str:
@@ -102,22 +124,35 @@ class SshRunner:
                 session.stop()  # a no-op once the channel has closed by itself
 
     async def warm(self, host: str) -> None:
-        """Open one connection to ``host`` ahead of the first call; raises like run()."""
-        pool = self._pool(host)
-        if pool.open_connections:
-            return
-        conn, reserved = await pool.acquire(avoid=None)
-        if reserved:
-            pool.release(conn)
+        """Open one connection to ``host`` ahead of the first call, unless one is open or
+        ``max_connections_total`` are (then nothing is closed for it); raises like run()."""
+        await self._pool(host).warm()
 
     async def close(self) -> None:
         """Close every connection; later calls raise UpstreamError("pool_closed")."""
         self._closed = True
+        await self._fleet.close()
         await asyncio.gather(*(pool.close() for pool in self._pools.values()))
 
     def connections(self) -> dict[str, int]:
-        """Open connections per host alias, for the ``sshadapter_ssh_connections`` gauge."""
-        return {alias: pool.open_connections for alias, pool in self._pools.items()}
+        """Open connections per host alias, only hosts with one or more (the
+        ``sshadapter_ssh_connections`` gauge: no series for the hosts not connected)."""
+        return {alias: n for alias, pool in self._pools.items() if (n := pool.open_connections)}
+
+    @property
+    def open_connections(self) -> int:
+        """Open connections of all hosts (``sshadapter_ssh_connections_open``)."""
+        return self._fleet.connections
+
+    @property
+    def handshakes_in_flight(self) -> int:
+        """Connects past the ``connect_concurrency`` bound now (a gauge)."""
+        return self._fleet.handshakes_in_flight
+
+    @property
+    def known_hosts_parses(self) -> int:
+        """How many times a known_hosts file was parsed (once per file version)."""
+        return self._fleet.files.known_hosts_parses
 
     def _pool(self, host: str) -> Pool:
         if self._closed:
