@@ -113,10 +113,9 @@ def with_daemon(
 
     The daemon is ``daemon.assemble``'s, as `serve` builds it; ``runner`` replaces its
     runner (default: the scripted job runner; ``ssh=True``: the production SSH runner).
-    ``dispatch_hosts`` are `dispatch = true`; ``dispatch_clock`` is their policy monitor's.
-    ``groups`` and ``grants`` are the configuration's `[groups]` and `[[grants]]`.
     ``dispatch_hosts`` are `dispatch = true`; ``dispatch_clock`` is their policy monitor's;
-    ``pool`` is the `[pool]` section (`warm` hosts are connected, and checked, at start).
+    ``pool`` is the `[pool]` section (`warm` hosts are connected, and checked, at start);
+    ``groups`` and ``grants`` are the configuration's `[groups]` and `[[grants]]`.
     """
 
     commands = commands or shipped_commands(tmp_path)

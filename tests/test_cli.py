@@ -364,4 +364,4 @@ def test_check_refuses_a_warm_name_that_is_no_host(tmp_path: Path) -> None:
     )
     done = run_cli("check", "--config", str(config), cwd=tmp_path)
     assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr == f"sshadapter: {config}: pool.warm: 'db' is not a host alias of [hosts]\n"
+    assert done.stderr == f"sshadapter: {config}: pool.warm: 'db' is no host alias and no group\n"
