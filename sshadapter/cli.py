@@ -496,7 +496,9 @@ def _cmd_inventory_show(args: argparse.Namespace) -> int:
 
 def _cmd_inventory_import(args: argparse.Namespace) -> int:
     """Hosts pinned in known_hosts, from Ansible or ssh -G, into one file (docs/operations.md)."""
-    from sshadapter.check import importer
+    import json
+
+    from sshadapter.check import import_sources, importer
 
     importer.check_target(args.write, force=args.force)
     if args.user:
@@ -504,12 +506,12 @@ def _cmd_inventory_import(args: argparse.Namespace) -> int:
     known_hosts_path = args.known_hosts.resolve()
     known_hosts = importer.read_known_hosts(known_hosts_path)
     if args.import_source == "ansible":
-        labels = importer.label_names(args.labels)
-        source = importer.from_ansible(args.file, labels)
-        origin = f"sshadapter inventory import ansible {args.file.name}"
+        labels = import_sources.label_names(args.labels)
+        source = import_sources.from_ansible(args.file, labels)
+        origin = f"sshadapter inventory import ansible {json.dumps(args.file.name)}"
     else:
-        source = importer.from_ssh_config(args.aliases, args.ssh_config, args.user)
-        origin = "sshadapter inventory import ssh-config"
+        source = import_sources.from_ssh_config(args.aliases, args.ssh_config, args.user)
+        origin = "sshadapter inventory import ssh-config"  # the aliases are in the file
     plan = importer.plan(source, known_hosts, known_hosts_path, args.user)
     for line in plan.left_out:
         print(f"sshadapter: left out: {line}", file=sys.stderr)

@@ -203,7 +203,7 @@ def test_names_that_collide_or_cannot_be_targets_are_reported_never_merged(
 def test_label_values_that_are_not_words_and_unreachable_hosts_are_reported(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A label that is no word is dropped and named; non-SSH and jump-host entries are left out."""
+    """A label that is no word is dropped and named; non-SSH, jump-host, odd addresses: left out."""
     document = {
         "_meta": {
             "hostvars": {
@@ -211,10 +211,12 @@ def test_label_values_that_are_not_words_and_unreachable_hosts_are_reported(
                 "a2": {"ansible_host": "10.0.0.2", "ansible_connection": "winrm"},
                 "a3": {"ansible_host": "10.0.0.3", "ansible_ssh_common_args": "-J bastion"},
                 "a4": {"ansible_host": "10.0.0.4", "ansible_user": "Bad User"},
+                "a5": {"ansible_host": "10.0.0.5 -oProxyCommand=x"},
+                "a6": {"ansible_host": "{{ lookup('env', 'A6') }}"},
             }
         },
         "all": {"children": ["ungrouped"]},
-        "ungrouped": {"hosts": ["a1", "a2", "a3", "a4"]},
+        "ungrouped": {"hosts": ["a1", "a2", "a3", "a4", "a5", "a6"]},
     }
     pins = known_hosts(tmp_path, f"10.0.0.1,10.0.0.2,10.0.0.3,10.0.0.4 {public_key()}")
     status, err, target = import_ansible(tmp_path, document, pins, capsys, "--labels", "rack,tier")
@@ -223,6 +225,8 @@ def test_label_values_that_are_not_words_and_unreachable_hosts_are_reported(
     assert "left out: host a2: ansible_connection is 'winrm', not SSH" in err
     assert "left out: host a3: ansible_ssh_common_args is set" in err
     assert "left out: host a4: user: String should match pattern" in err
+    assert "left out: host a5: address '10.0.0.5 -oProxyCommand=x' is no host name" in err
+    assert "left out: host a6: address \"{{ lookup('env', 'A6') }}\" is an Ansible template" in err
     written = tomllib.loads(target.read_text())
     assert written["hosts"] == {"a1": {"address": "10.0.0.1", "labels": {"tier": "front-end"}}}
 
