@@ -165,6 +165,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("target", nargs="?", metavar="TARGET", default="")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(handler=_cmd_inventory_show)
+    _add_import(inventory_sub)
     _add_config(inventory)  # `sshadapter inventory` alone: `show` of every group
     inventory.set_defaults(handler=_cmd_inventory_show, target="", json=False)
 
@@ -188,6 +189,61 @@ def _parser() -> argparse.ArgumentParser:
     schema.add_argument("tool")
     schema.set_defaults(handler=_cmd_schema)
     return parser
+
+
+def _add_import(inventory_sub: Any) -> None:
+    """`sshadapter inventory import ansible|ssh-config`: inventory files for review."""
+    import_ = inventory_sub.add_parser(
+        "import",
+        help="write an inventory file from Ansible or ssh -G, for review (never fetches keys)",
+        description="Read Ansible's inventory or OpenSSH's resolution and write one inventory "
+        "file. Only hosts with a key pinned in --known-hosts (a key line or an "
+        "@cert-authority line) are written; every host, group or label left out is reported "
+        "on stderr. Exit 0: all imported, 1: something left out, 2: a usage or input error.",
+    )
+    sources = import_.add_subparsers(dest="import_source", metavar="SOURCE", required=True)
+    ansible = sources.add_parser(
+        "ansible",
+        help="the JSON of `ansible-inventory --list [--export]`",
+        description="Hosts from _meta.hostvars and the groups (ansible_host, ansible_port, "
+        "ansible_user; group vars applied as Ansible applies them); groups with their hosts "
+        "and children as [groups.*] members; all and ungrouped become no group.",
+    )
+    ansible.add_argument("file", type=Path, metavar="FILE.json")
+    ansible.add_argument(
+        "--labels",
+        default="",
+        metavar="VAR,...",
+        help="host variables to write as labels (values must be label words)",
+    )
+    ssh_config = sources.add_parser(
+        "ssh-config",
+        help="hosts as `ssh -G ALIAS` resolves them (hostname, port, user)",
+        description="Runs `ssh -G` for each alias (never connects). A host behind a ProxyJump "
+        "or ProxyCommand is left out: jump hosts are not supported yet.",
+    )
+    ssh_config.add_argument("aliases", nargs="+", metavar="ALIAS")
+    ssh_config.add_argument(
+        "--ssh-config", type=Path, default=None, metavar="FILE", help="ssh -F FILE"
+    )
+    for source in (ansible, ssh_config):
+        source.add_argument(
+            "--known-hosts",
+            type=Path,
+            required=True,
+            metavar="FILE",
+            help="the known_hosts file that must pin each host; written as the hosts' known_hosts",
+        )
+        source.add_argument("--user", default="", help="[host_defaults] user of the file")
+        source.add_argument(
+            "--write",
+            type=Path,
+            required=True,
+            metavar="DIR/NAME.toml",
+            help="the inventory file to write (atomically)",
+        )
+        source.add_argument("--force", action="store_true", help="replace an existing file")
+        source.set_defaults(handler=_cmd_inventory_import)
 
 
 def _add_config(parser: argparse.ArgumentParser) -> None:
@@ -439,6 +495,46 @@ def _cmd_inventory_show(args: argparse.Namespace) -> int:
         print(f"{name:<{width}}  {row['hosts']:>5}  {row['hosts_sha256']}")
     print(f"{len(inventory.hosts)} host(s), {len(groups)} group(s)")
     return EXIT_OK
+
+
+def _cmd_inventory_import(args: argparse.Namespace) -> int:
+    """Hosts pinned in known_hosts, from Ansible or ssh -G, into one file (docs/operations.md)."""
+    import json
+
+    from sshadapter.check import import_sources, importer
+
+    importer.check_target(args.write, force=args.force)
+    if args.user:
+        importer.check_user(args.user)
+    known_hosts_path = args.known_hosts.resolve()
+    known_hosts = importer.read_known_hosts(known_hosts_path)
+    if args.import_source == "ansible":
+        labels = import_sources.label_names(args.labels)
+        source = import_sources.from_ansible(args.file, labels)
+        origin = f"sshadapter inventory import ansible {json.dumps(args.file.name)}"
+    else:
+        source = import_sources.from_ssh_config(args.aliases, args.ssh_config, args.user)
+        origin = "sshadapter inventory import ssh-config"  # the aliases are in the file
+    plan = importer.plan(source, known_hosts, known_hosts_path, args.user)
+    for line in plan.left_out:
+        print(f"sshadapter: left out: {line}", file=sys.stderr)
+    if not plan.hosts:
+        print(f"sshadapter: no host imported: {args.write} not written", file=sys.stderr)
+        return EXIT_FAILED
+    text = importer.render(plan, known_hosts_path, args.user, origin)
+    importer.write_new(args.write, text, force=args.force)
+    without_user = sum(1 for entry in plan.hosts.values() if "user" not in entry)
+    if without_user and not args.user:
+        print(
+            f"sshadapter: note: {without_user} host(s) without a user take the configuration's "
+            "[host_defaults] user",
+            file=sys.stderr,
+        )
+    print(
+        f"wrote {args.write}: {len(plan.hosts)} host(s), {len(plan.groups)} group(s), "
+        f"{len(plan.left_out)} left out"
+    )
+    return EXIT_FAILED if plan.left_out else EXIT_OK
 
 
 def _cmd_grants_explain(args: argparse.Namespace) -> int:
