@@ -309,8 +309,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 
 def test_a_cancelled_fan_out_gets_no_answer_and_every_host_is_recorded(fleet: Daemon) -> None:
-    """Cancelled while one host is still running: no response for that id, ever; the
-    daemon finishes every host and its result record holds each; the bridge goes on."""
+    """Cancelled mid fan-out: no response for that id; every host finishes and is recorded.
+
+    One host is still running when the client cancels; the daemon runs it to its
+    end, its result record has a row for each host, and the bridge goes on.
+    """
     with raw_bridge(fleet.socket) as bridge:
         bridge.initialize()
         started = len(fleet.audit_records())

@@ -32,12 +32,20 @@ from sshadapter.mcp.protocol import SERVER_INFO_KEY, Era
 # equal. The names and codes come from contract.codes, which imports nothing.
 TOOL_NAME: Final = re.compile(TOOL_NAME_PATTERN)
 
+TARGETS_TOOL: Final = RESERVED_TOOL_PREFIX + "targets"
+"""The bridge's own tool: a page of a tool's `run_on` choices (the daemon's `targets`).
+
+Its name starts with the prefix the registry refuses to command files, so no operation
+can take it."""
 SERVER_INFO: Final = {"name": "sshadapter", "title": "sshadapter", "version": __version__}
 INSTRUCTIONS: Final = (
-    "Each tool runs one fixed, operator-reviewed command on one fixed host and answers "
+    "Each tool runs one fixed, operator-reviewed command on a configured host and answers "
     "with a closed envelope: outcome success with the validated data, or outcome failure "
     f"with error.code ({', '.join(CODES)}) and error.retryable. Retry only when "
-    "retryable is true."
+    f"retryable is true. A tool with a `{TARGET_ARGUMENT}` argument runs on the host or "
+    "group it names (the choices are in its schema, or listed by "
+    f"{TARGETS_TOOL}): "
+    "its data.results holds each host's own outcome, failures first."
 )
 BRIDGE_REQUEST_ID_PREFIX: Final = "mcp."
 """A request_id the bridge made: the daemon never saw the call, no audit record exists.
@@ -45,11 +53,6 @@ BRIDGE_REQUEST_ID_PREFIX: Final = "mcp."
 The daemon's own ids start with ``req.``; both fit the envelope's request_id pattern."""
 REQUEST_ID_PATTERN: Final = "^[A-Za-z0-9][A-Za-z0-9_.]{7,63}$"  # contract.envelope's
 TARGET_NAME_PATTERN: Final = "^[a-z][a-z0-9_-]{0,62}$"  # config.TARGET_NAME
-TARGETS_TOOL: Final = RESERVED_TOOL_PREFIX + "targets"
-"""The bridge's own tool: a page of a tool's `run_on` choices (the daemon's `targets`).
-
-Its name starts with the prefix the registry refuses to command files, so no operation
-can take it."""
 TARGETS_CODES: Final = ("INVALID_REQUEST", "OVERLOADED", "INTERNAL")
 """What a `targets` request can fail with: the daemon's system answer's codes."""
 TARGETS_ARGUMENTS: Final = frozenset({"tool", "after"})
@@ -132,7 +135,7 @@ def mcp_tool(entry: Mapping[str, Any], era: Era) -> dict[str, Any]:
     change the host may also destroy something and only the operator could say
     otherwise (the spec's default is true, too); ``idempotentHint`` is
     ``idempotent``; ``openWorldHint`` is false, since every operation runs one
-    fixed command on one fixed, configured host and its answer is closed and
+    fixed command on fixed, configured hosts and its answer is closed and
     validated, the "closed domain" of the 2026-03-16 annotations post.
     """
     read_only = entry.get("read_only") is True
