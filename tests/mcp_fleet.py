@@ -181,6 +181,8 @@ def running_fleet(workdir: Path) -> Iterator[Daemon]:
 
 WIDE_CHOICES = sorted(["web", *(f"web{i:03d}" for i in range(WIDE_HOSTS))])
 """fleet_state's `run_on` choices, as `targets` lists them."""
+FIRST_PAGE_NEXT = WIDE_CHOICES[TARGETS_PAGE - 1]
+"""The first page's `next`: its last name (the page size is the daemon's)."""
 
 
 def ask(socket_path: Path, message: Mapping[str, Any]) -> Any:

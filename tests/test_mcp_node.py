@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
-from mcp_fleet import CANARY_CHOICES, FLEET_TOOLS, LIAR, WIDE_CHOICES, running_fleet
+from mcp_fleet import (
+    CANARY_CHOICES,
+    FIRST_PAGE_NEXT,
+    FLEET_TOOLS,
+    LIAR,
+    WIDE_CHOICES,
+    running_fleet,
+)
 from mcp_harness import SHIPPED_TOOLS, TEST_TOOLS, Daemon, bridge_argv, running_daemon
 from sshd import running_sshd
 
@@ -183,7 +190,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, node: str) -> Iterator[Daemo
         yield d
 
 
-FIRST_PAGE_NEXT = WIDE_CHOICES[499]  # the daemon's page is 500 names (service.TARGETS_PAGE)
 FLEET_CALLS: list[dict[str, Any]] = [
     {"name": "canary_state", "arguments": {"run_on": "canary"}},  # one host fails inside
     {"name": "fleet_state", "arguments": {"run_on": "web"}},  # 520 hosts, results capped

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mcp_fleet import LIAR, SLOW_HOST, SLOW_SECONDS, running_fleet
+from mcp_fleet import FIRST_PAGE_NEXT, LIAR, SLOW_HOST, SLOW_SECONDS, running_fleet
 from mcp_harness import (
     CLIENT_INFO,
     MODERN_META,
@@ -352,7 +352,7 @@ def test_sshadapter_targets_refuses_arguments_outside_its_schema(fleet: Daemon) 
     with raw_bridge(fleet.socket) as bridge:
         bridge.initialize()
         first = envelope_of(call(bridge, TARGETS_TOOL, {"tool": "fleet_state"}))
-        assert first["tool"] == "fleet_state" and len(first["targets"]) == 500
+        assert first["tool"] == "fleet_state" and first["next"] == FIRST_PAGE_NEXT
         for arguments in [
             {},
             {"tool": "fleet_state", "page": 2},
