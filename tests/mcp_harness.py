@@ -98,6 +98,8 @@ class Daemon:
 
     workdir: Path
     config: Path
+    argv: list[str] | None = None
+    """How to start it: `sshadapter serve --config CONFIG` unless given."""
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -118,8 +120,9 @@ class Daemon:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
             notify.bind(str(notify_path))
             with self.log.open("ab") as log:
+                serve = [sys.executable, "-m", "sshadapter.cli", "serve", "--config"]
                 self.process = subprocess.Popen(
-                    [sys.executable, "-m", "sshadapter.cli", "serve", "--config", str(self.config)],
+                    self.argv or [*serve, str(self.config)],
                     cwd=ROOT,
                     env={**os.environ, "NOTIFY_SOCKET": str(notify_path)},
                     stdin=subprocess.DEVNULL,

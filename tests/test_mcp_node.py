@@ -26,8 +26,18 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+from mcp_fleet import (
+    CANARY_CHOICES,
+    FIRST_PAGE_NEXT,
+    FLEET_TOOLS,
+    LIAR,
+    WIDE_CHOICES,
+    running_fleet,
+)
 from mcp_harness import SHIPPED_TOOLS, TEST_TOOLS, Daemon, bridge_argv, running_daemon
 from sshd import running_sshd
+
+from sshadapter.mcp.tools import TARGETS_TOOL
 
 CLIENTS = Path(__file__).resolve().parent / "mcp_clients"
 NODE_MODULES = CLIENTS / "node_modules"
@@ -117,8 +127,15 @@ def node_env(node: str, home: Path) -> dict[str, str]:
     }
 
 
-def drive(node: str, tmp_path: Path, sdk: str, mode: str, socket_path: Path) -> Any:
-    spec = {"sdk": sdk, "mode": mode, "command": bridge_argv(socket_path), "calls": CALLS}
+def drive(
+    node: str,
+    tmp_path: Path,
+    sdk: str,
+    mode: str,
+    socket_path: Path,
+    calls: list[dict[str, Any]] = CALLS,
+) -> Any:
+    spec = {"sdk": sdk, "mode": mode, "command": bridge_argv(socket_path), "calls": calls}
     done = subprocess.run(
         [node, str(CLIENTS / "drive.mjs"), json.dumps(spec)],
         cwd=CLIENTS,
@@ -141,7 +158,7 @@ def outcome(call: dict[str, Any]) -> str | int:
     return "success" if envelope["outcome"] == "success" else str(envelope["error"]["code"])
 
 
-@pytest.mark.parametrize(
+CLIENT_MODES = pytest.mark.parametrize(
     ("sdk", "mode", "version"),
     [
         ("v1", "legacy", None),  # v1 has no 2026-07-28 and does not expose the version
@@ -150,6 +167,9 @@ def outcome(call: dict[str, Any]) -> str | int:
         ("v2", "2026-07-28", "2026-07-28"),
     ],
 )
+
+
+@CLIENT_MODES
 def test_typescript_clients_accept_every_tool_and_every_answer(
     node: str, daemon: Daemon, tmp_path: Path, sdk: str, mode: str, version: str | None
 ) -> None:
@@ -162,6 +182,75 @@ def test_typescript_clients_accept_every_tool_and_every_answer(
     # The client's own validator refuses a copy with one thing changed: it really checked.
     assert len(out["control"]) == len(CALLS) - 1
     assert all(c["accepted"] and c["tampered_refused"] for c in out["control"])
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, node: str) -> Iterator[Daemon]:
+    with running_fleet(tmp_path_factory.mktemp("fleet")) as d:
+        yield d
+
+
+FLEET_CALLS: list[dict[str, Any]] = [
+    {"name": "canary_state", "arguments": {"run_on": "canary"}},  # one host fails inside
+    {"name": "fleet_state", "arguments": {"run_on": "web"}},  # 520 hosts, results capped
+    {"name": "canary_state", "arguments": {"run_on": "web100"}},  # not granted
+    {"name": TARGETS_TOOL, "arguments": {"tool": "fleet_state"}},
+    {"name": TARGETS_TOOL, "arguments": {"tool": "fleet_state", "after": FIRST_PAGE_NEXT}},
+    {"name": TARGETS_TOOL, "arguments": {"tool": "slow_state"}},  # it has an enum: refused
+]
+
+
+@CLIENT_MODES
+def test_typescript_clients_validate_fan_out_answers_and_target_pages(
+    node: str, fleet: Daemon, tmp_path: Path, sdk: str, mode: str, version: str | None
+) -> None:
+    """run_on's enum as listed; fan-outs, a denial and sshadapter_targets pages validated."""
+    out = drive(node, tmp_path, sdk, mode, fleet.socket, FLEET_CALLS)
+    assert out["version"] == version
+    tools = {t["name"]: t for t in out["tools"]}
+    assert sorted(tools) == sorted([*FLEET_TOOLS, TARGETS_TOOL])
+    assert tools["canary_state"]["inputSchema"]["properties"]["run_on"]["enum"] == CANARY_CHOICES
+    assert "enum" not in tools["fleet_state"]["inputSchema"]["properties"]["run_on"]
+    assert tools[TARGETS_TOOL]["inputSchema"]["properties"]["tool"]["enum"] == ["fleet_state"]
+    assert all("result" in c for c in out["calls"]), out["calls"]  # tool results, no errors
+    fanned, wide, denied, first, second, refused = (c["result"] for c in out["calls"])
+    assert fanned["isError"] is False
+    data = fanned["structuredContent"]["data"]
+    assert (data["succeeded"], data["failed"], data["results"][0]["host"]) == (2, 1, LIAR)
+    wide_data = wide["structuredContent"]["data"]
+    assert (wide_data["hosts"], wide_data["omitted"]) == (520, 420)
+    assert denied["isError"] is True
+    assert denied["structuredContent"]["error"]["code"] == "INVALID_REQUEST"
+    assert first["structuredContent"]["next"] == FIRST_PAGE_NEXT
+    assert second["structuredContent"]["next"] is None
+    pages = first["structuredContent"]["targets"] + second["structuredContent"]["targets"]
+    assert pages == WIDE_CHOICES
+    assert refused["isError"] is True
+    assert refused["structuredContent"]["request_id"].startswith("mcp.")
+    # every answer accepted by the client's own validator, and a tampered copy refused
+    assert len(out["control"]) == len(FLEET_CALLS)
+    assert all(c["accepted"] and c["tampered_refused"] for c in out["control"])
+
+
+def test_inspector_strict_lint_accepts_the_fleet_tools(
+    node: str, fleet: Daemon, tmp_path: Path
+) -> None:
+    """`--strict` on a fleet: run_on enums, patterns and sshadapter_targets port everywhere."""
+    for era in ("legacy", "modern"):
+        done = inspector(
+            node,
+            tmp_path,
+            fleet.socket,
+            "--protocol-era",
+            era,
+            "--method",
+            "tools/list",
+            "--strict",
+            "--format",
+            "json",
+        )
+        assert done.returncode == 0, done.stderr
+        assert "schemaFindings" not in json.loads(done.stdout)
 
 
 def list_then_drop(real: Path, path: Path) -> threading.Thread:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mcp_fleet import FIRST_PAGE_NEXT, LIAR, SLOW_HOST, SLOW_SECONDS, running_fleet
 from mcp_harness import (
     CLIENT_INFO,
     MODERN_META,
@@ -39,6 +40,7 @@ from sshadapter.mcp.bridge import LIST_CHECK_MIN_SECONDS, Bridge
 from sshadapter.mcp.daemon_link import DaemonLink
 from sshadapter.mcp.protocol import MAX_LINE_BYTES, SUPPORTED_VERSIONS
 from sshadapter.mcp.stdio import END, Item
+from sshadapter.mcp.tools import TARGETS_TOOL
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,7 @@ def envelope_of(answer: dict[str, Any]) -> dict[str, Any]:
     result = answer["result"]
     sealed: dict[str, Any] = json.loads(result["content"][0]["text"])
     assert result.get("structuredContent", sealed) == sealed
-    assert result["isError"] is (sealed["outcome"] == "failure")
+    assert result["isError"] is (sealed.get("outcome") == "failure")  # a page has none
     return sealed
 
 
@@ -298,6 +300,83 @@ def test_a_cancelled_call_gets_no_answer_and_the_daemon_still_audits_it(
     assert after["outcome"] == "success"  # the daemon and the bridge carry on
     assert all(m.get("id") != cancelled for m in bridge.messages())
     assert "Traceback" not in daemon.log.read_text()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    with running_fleet(tmp_path_factory.mktemp("fleet")) as d:
+        yield d
+
+
+def test_a_cancelled_fan_out_gets_no_answer_and_every_host_is_recorded(fleet: Daemon) -> None:
+    """Cancelled mid fan-out: no response for that id; every host finishes and is recorded.
+
+    One host is still running when the client cancels; the daemon runs it to its
+    end, its result record has a row for each host, and the bridge goes on.
+    """
+    with raw_bridge(fleet.socket) as bridge:
+        bridge.initialize()
+        started = len(fleet.audit_records())
+        cancelled = bridge.request(
+            "tools/call", {"name": "slow_state", "arguments": {"run_on": "canary"}}
+        )
+        deadline = time.monotonic() + 15
+        while not any(r["type"] == "intent" for r in fleet.audit_records()[started:]):
+            assert time.monotonic() < deadline, "the call never reached the daemon"
+            time.sleep(0.02)
+        intent = next(r for r in fleet.audit_records()[started:] if r["type"] == "intent")
+        bridge.write(
+            {
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": cancelled, "reason": "user pressed stop"},
+            }
+        )
+        cancelled_at = time.monotonic()
+        record = fleet.wait_for_result("slow_state", request_id=intent["request_id"])
+        assert time.monotonic() - cancelled_at < SLOW_SECONDS + 5
+        rows = {row["host"]: (row["outcome"], row["reason"]) for row in record["host_results"]}
+        assert rows == {
+            SLOW_HOST: ("success", None),  # finished after the client had gone
+            LIAR: ("failure", "unmatched_line"),
+            "web002": ("success", None),
+        }
+        assert intent["hosts"] == sorted(rows)
+        after = envelope_of(call(bridge, "canary_state", {"run_on": "canary"}))
+        assert after["outcome"] == "success"  # the daemon and the bridge carry on
+        assert all(m.get("id") != cancelled for m in bridge.messages())
+
+
+def test_sshadapter_targets_refuses_arguments_outside_its_schema(fleet: Daemon) -> None:
+    """Extra keys, a tool without paging, a malformed `after`: a closed INVALID_REQUEST."""
+    with raw_bridge(fleet.socket) as bridge:
+        bridge.initialize()
+        first = envelope_of(call(bridge, TARGETS_TOOL, {"tool": "fleet_state"}))
+        assert first["tool"] == "fleet_state" and first["next"] == FIRST_PAGE_NEXT
+        for arguments in [
+            {},
+            {"tool": "fleet_state", "page": 2},
+            {"tool": "canary_state"},
+            {"tool": ["fleet_state"]},
+            {"tool": "fleet_state", "after": "web\n"},
+            {"tool": "fleet_state", "after": 7},
+        ]:
+            refused = envelope_of(call(bridge, TARGETS_TOOL, arguments))
+            assert refused["tool"] == TARGETS_TOOL
+            assert refused["error"] == {"code": "INVALID_REQUEST", "retryable": False}
+            assert refused["request_id"].startswith("mcp.")
+        last = envelope_of(call(bridge, TARGETS_TOOL, {"tool": "fleet_state", "after": "web9"}))
+        assert last == {"tool": "fleet_state", "targets": [], "next": None}
+
+
+def test_sshadapter_targets_is_unknown_where_no_tool_needs_it(bridge: RawBridge) -> None:
+    """Every tool's run_on has an enum (or there is none): the tool is not listed, nor callable."""
+    bridge.initialize()
+    listed = bridge.ask("tools/list")["result"]["tools"]
+    assert TARGETS_TOOL not in [t["name"] for t in listed]
+    answer = call(bridge, TARGETS_TOOL, {"tool": "disk_usage"})
+    assert answer["error"]["code"] == -32602
+    assert answer["error"]["message"] == f"Unknown tool: {TARGETS_TOOL}"
 
 
 def test_a_late_or_unknown_cancellation_is_ignored(bridge: RawBridge) -> None:

@@ -18,6 +18,16 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.subscriptions import ToolsListChanged
 from mcp.shared.exceptions import MCPError
+from mcp_fleet import (
+    CANARY,
+    CANARY_CHOICES,
+    FLEET_TOOLS,
+    LIAR,
+    SLOW_HOST,
+    WIDE_CHOICES,
+    ask,
+    running_fleet,
+)
 from mcp_harness import (
     SHIPPED_TOOLS,
     TEST_TOOLS,
@@ -29,6 +39,7 @@ from mcp_harness import (
 from sshd import running_sshd
 
 from sshadapter.mcp.bridge import LIST_CHECK_MIN_SECONDS
+from sshadapter.mcp.tools import TARGETS_TOOL
 
 MODES = ["legacy", "auto", "2026-07-28"]
 VERSION = {"legacy": "2025-11-25", "auto": "2026-07-28", "2026-07-28": "2026-07-28"}
@@ -38,6 +49,12 @@ CALL_TIMEOUT_SECONDS = 30.0
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     with running_sshd() as sshd, running_daemon(tmp_path_factory.mktemp("daemon"), sshd) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    with running_fleet(tmp_path_factory.mktemp("fleet")) as d:
         yield d
 
 
@@ -208,3 +225,109 @@ def test_a_reload_that_changes_the_list_is_announced(daemon: Daemon, mode: str) 
     finally:
         (daemon.commands / "load_average.toml").write_text(original)
         daemon.reload()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fleet_tools_list_the_callers_targets_and_page_the_rest(fleet: Daemon, mode: str) -> None:
+    """run_on: an enum of this caller's choices, or a pattern and sshadapter_targets pages."""
+    published = {t["name"]: t for t in ask(fleet.socket, {"op": "list"})["tools"]}
+
+    async def main() -> None:
+        async with connected(fleet, mode) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert sorted(tools) == sorted([*FLEET_TOOLS, TARGETS_TOOL])
+            for name in FLEET_TOOLS:  # the daemon's schemas, unchanged but for $schema
+                daemon_schema = published[name]["input_schema"]
+                assert tools[name].input_schema == {
+                    k: v for k, v in daemon_schema.items() if k != "$schema"
+                }
+                assert tools[name].output_schema == published[name]["output_schema"]
+            canary = tools["canary_state"].input_schema
+            assert canary["properties"]["run_on"]["enum"] == CANARY_CHOICES
+            assert canary["required"][0] == "run_on"
+            assert "enum" not in tools["fleet_state"].input_schema["properties"]["run_on"]
+            lister = tools[TARGETS_TOOL]
+            assert lister.input_schema["properties"]["tool"]["enum"] == ["fleet_state"]
+            assert lister.annotations is not None and lister.annotations.read_only_hint is True
+            pages, after = [], None
+            while True:  # the client validates each page against the outputSchema it read
+                arguments = {"tool": "fleet_state", **({"after": after} if after else {})}
+                result = await client.call_tool(TARGETS_TOOL, arguments)
+                assert result.is_error is False
+                (text,) = result.content
+                page = result.structured_content
+                assert isinstance(text, types.TextContent) and json.loads(text.text) == page
+                assert page is not None
+                pages.append(page["targets"])
+                after = page["next"]
+                if after is None:
+                    break
+            assert len(pages) == 2  # more choices than one daemon page holds
+            assert [t for p in pages for t in p] == WIDE_CHOICES
+            refused = sealed(await client.call_tool(TARGETS_TOOL, {"tool": "canary_state"}))
+            assert refused["error"] == {"code": "INVALID_REQUEST", "retryable": False}
+            with pytest.raises(MCPError) as reserved:
+                await client.call_tool("sshadapter_other", {})
+            assert reserved.value.error.message == "Unknown tool: sshadapter_other"
+
+    anyio.run(main)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_fan_out_answer_is_a_success_holding_each_hosts_own_failure(
+    fleet: Daemon, mode: str
+) -> None:
+    """isError false, every host's envelope inside; a target not granted is a tool error."""
+
+    async def main() -> list[dict[str, Any]]:
+        async with connected(fleet, mode) as client:
+            await client.list_tools()  # the client validates against the outputSchema it read
+            fanned = sealed(await client.call_tool("canary_state", {"run_on": "canary"}))
+            denied = [
+                sealed(await client.call_tool("canary_state", {"run_on": target}))
+                for target in ("web", "web100", "nosuch")
+            ]
+            return [fanned, *denied]
+
+    fanned, *denied = anyio.run(main)
+    assert fanned["outcome"] == "success"
+    data = fanned["data"]
+    assert (data["hosts"], data["succeeded"], data["failed"]) == (3, 2, 1)
+    assert data["results"][0] == {
+        "host": LIAR,
+        "outcome": "failure",
+        "error": {"code": "INVALID_RESPONSE", "retryable": False},
+    }
+    assert sorted(r["host"] for r in data["results"]) == list(CANARY)
+    record = fleet.wait_for_result("canary_state", request_id=fanned["request_id"])
+    assert sorted(row["host"] for row in record["host_results"]) == list(CANARY)
+    for envelope, reason in zip(
+        denied, ["target_not_granted", "target_not_granted", "unknown_target"], strict=True
+    ):
+        assert envelope["error"] == {"code": "INVALID_REQUEST", "retryable": False}
+        record = fleet.wait_for_result("canary_state", request_id=envelope["request_id"])
+        assert record["reason"] == reason
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_cancelled_fan_out_is_recorded_with_every_host(fleet: Daemon, mode: str) -> None:
+    """The client gives up mid fan-out; the daemon finishes every host and records each."""
+    before = {r["request_id"] for r in fleet.audit_records() if r["type"] == "intent"}
+
+    async def main() -> None:
+        async with connected(fleet, mode) as client:
+            with anyio.move_on_after(0.5) as scope:
+                await client.call_tool("slow_state", {"run_on": "canary"})
+            assert scope.cancelled_caught
+            again = sealed(await client.call_tool("canary_state", {"run_on": "web002"}))
+            assert again["outcome"] == "success"
+
+    anyio.run(main)
+    (intent,) = [
+        r
+        for r in fleet.audit_records()
+        if r["type"] == "intent" and r["tool"] == "slow_state" and r["request_id"] not in before
+    ]
+    record = fleet.wait_for_result("slow_state", request_id=intent["request_id"])
+    rows = {row["host"]: row["outcome"] for row in record["host_results"]}
+    assert rows == {SLOW_HOST: "success", LIAR: "failure", "web002": "success"}

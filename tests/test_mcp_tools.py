@@ -9,21 +9,31 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import orjson
 import pytest
 
 from sshadapter.contract import envelope, registry
+from sshadapter.contract.envelope import FANOUT_TARGET_PATTERN, REQUEST_ID_PATTERN, _branches
 from sshadapter.contract.registry import load_registry
+from sshadapter.errors import ConfigError
+from sshadapter.mcp import tools as mcp_tools
 from sshadapter.mcp.protocol import Era
 from sshadapter.mcp.tools import (
     BRIDGE_REQUEST_ID_PREFIX,
+    TARGETS_CODES,
+    TARGETS_TOOL,
     TOOL_NAME,
     DaemonAnswerError,
     bridge_envelope,
     call_result,
+    can_name_tool,
     list_result,
     listing,
     mcp_tool,
+    targets_failure,
+    targets_output_schema,
+    targets_page,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,3 +175,65 @@ def test_the_bridge_loads_neither_pydantic_nor_the_schema_libraries() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def _multi_entry(name: str, run_on: dict[str, Any]) -> dict[str, Any]:
+    """A daemon `list` entry of a tool with targets (run_on as the daemon publishes it)."""
+    base = {**entry("disk_usage"), "name": name}
+    schema = base["input_schema"]
+    return {
+        **base,
+        "input_schema": {
+            **schema,
+            "properties": {"run_on": run_on, **schema["properties"]},
+            "required": ["run_on", *schema["required"]],
+        },
+    }
+
+
+def test_sshadapter_targets_is_listed_only_while_some_tool_has_no_run_on_enum() -> None:
+    """An enum everywhere: not listed; a pattern somewhere: listed, for exactly those tools."""
+    few = _multi_entry("few_hosts", {"type": "string", "enum": ["a", "b"]})
+    many = _multi_entry("many_hosts", {"type": "string", "pattern": FANOUT_TARGET_PATTERN})
+    small = listing({"tools": [few, entry("disk_usage")]})
+    assert small.paged == () and [t["name"] for t in list_result(small, LEGACY)["tools"]] == [
+        "disk_usage",
+        "few_hosts",
+    ]
+    large = listing({"tools": [many, few, entry("disk_usage")]})
+    listed = list_result(large, LEGACY)["tools"]
+    assert [t["name"] for t in listed] == ["disk_usage", "few_hosts", "many_hosts", TARGETS_TOOL]
+    lister = listed[-1]
+    assert lister["inputSchema"]["properties"]["tool"]["enum"] == ["many_hosts"]
+    assert lister["outputSchema"] == targets_output_schema(("many_hosts",))
+    assert set(mcp_tool(few, OLDEST)) == set(list_result(large, OLDEST)["tools"][-1])
+
+
+def test_sshadapter_targets_failure_branch_is_the_envelopes_and_no_operation_takes_its_name(
+    tmp_path: Path,
+) -> None:
+    """Written out like bridge_envelope; the registry refuses `sshadapter_` names to files."""
+    assert mcp_tools.REQUEST_ID_PATTERN == REQUEST_ID_PATTERN
+    assert mcp_tools.TARGET_NAME_PATTERN == FANOUT_TARGET_PATTERN
+    failure = _branches(TARGETS_TOOL, {}, list(TARGETS_CODES))[1]
+    assert targets_output_schema(("x_y",))["oneOf"][1] == failure
+    assert TOOL_NAME.fullmatch(TARGETS_TOOL) and not can_name_tool(TARGETS_TOOL)
+    text = (ROOT / "commands" / "disk_usage.toml").read_bytes()
+    (tmp_path / "commands").mkdir()
+    (tmp_path / "commands" / f"{TARGETS_TOOL}.toml").write_bytes(text)
+    with pytest.raises(ConfigError) as refused:
+        load_registry(tmp_path / "commands", ROOT / "schemas", hosts=None)
+    assert "reserved for the MCP bridge" in refused.value.reason
+
+
+def test_a_targets_answer_is_a_page_or_a_refusal_and_nothing_else() -> None:
+    """The daemon's page passes as it is; its system refusal gets this tool's name."""
+    page = {"tool": "many_hosts", "targets": ["a", "b"], "next": "b"}
+    assert targets_page(page, "many_hosts") == page
+    for bad in [{**page, "tool": "other"}, {**page, "extra": 1}, {**page, "targets": [1]}, []]:
+        assert targets_page(bad, "many_hosts") is None
+    refusal = envelope.failure("sshadapter", "req.0123456789abcdef", "INVALID_REQUEST")
+    assert targets_failure(refusal) == {**refusal, "tool": TARGETS_TOOL}
+    validator = jsonschema.Draft202012Validator(targets_output_schema(("many_hosts",)))
+    assert validator.is_valid(page) and validator.is_valid(targets_failure(refusal))
+    assert targets_failure({**refusal, "error": {"code": "DENIED", "retryable": False}}) is None

@@ -25,5 +25,12 @@ CODES: Final[Mapping[str, bool]] = {
 SYSTEM_TOOL: Final = "sshadapter"
 """The `tool` of the daemon's answer to a request naming no known tool: reserved, no
 command file may take it."""
+RESERVED_TOOL_PREFIX: Final = SYSTEM_TOOL + "_"
+"""Names the MCP bridge gives tools of its own (``sshadapter_targets``): no command file may
+take one, so a bridge tool never shadows an operation, now or later."""
 TOOL_NAME_PATTERN: Final = "[a-z][a-z0-9_]{1,62}"
 """Every name a command file may give a tool (its stem), matched whole."""
+TARGET_ARGUMENT: Final = "run_on"
+"""The agent's one reserved argument: which host or group a multi-target operation runs on
+(not "target": mount_info already has a parameter of that name, and so may others). No
+parameter may have this name (the loader refuses it), so it never collides."""

@@ -30,6 +30,7 @@ from pydantic import (
 
 from sshadapter.bounded_read import read_bounded
 from sshadapter.config import Allow
+from sshadapter.contract.codes import TARGET_ARGUMENT
 from sshadapter.contract.extract import FieldType
 from sshadapter.contract.semantic import Checks
 from sshadapter.errors import ConfigError
@@ -47,10 +48,6 @@ MAX_RETRY_ATTEMPTS: Final = 5
 EXIT_MEANINGS: Final = ("success", "NOT_FOUND", "UPSTREAM_UNAVAILABLE", "INVALID_RESPONSE")
 FAILURE_MEANINGS: Final = EXIT_MEANINGS[1:]  # what stderr may choose between (never success)
 MAX_STDERR_PATTERN_CHARS: Final = 1024  # a pattern names one known message, not a grammar
-# The agent's one reserved argument: which host or group a multi-target operation runs on
-# (not "target": mount_info already has a parameter of that name, and so may others).
-# No parameter may have this name (the loader refuses it), so it never collides.
-TARGET_ARGUMENT: Final = "run_on"
 MAX_TARGETS: Final = 256  # names in one command file's `targets`: groups exist for more
 # Fan-out bounds, each with its reason (docs/command-files.md "targets and fanout").
 DEFAULT_FANOUT_MAX_HOSTS: Final = 1000  # one daemon's fleet; a larger call is a mistake

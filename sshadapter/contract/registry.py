@@ -20,7 +20,7 @@ from typing import Any, Final, Literal
 from sshadapter import __version__
 from sshadapter.contract import envelope
 from sshadapter.contract.argv import ArgvTemplate, parse_template
-from sshadapter.contract.codes import SYSTEM_TOOL, TOOL_NAME_PATTERN
+from sshadapter.contract.codes import RESERVED_TOOL_PREFIX, SYSTEM_TOOL, TOOL_NAME_PATTERN
 from sshadapter.contract.commandfile import CommandFile, parse_command_file, read_command_bytes
 from sshadapter.contract.exitstatus import ByStderr, ExitCodes, ExitMeaning
 from sshadapter.contract.extract import (
@@ -247,6 +247,10 @@ def load_operation(
         raise ConfigError(file, "", f"tool name {name!r} must match ^[a-z][a-z0-9_]{{1,62}}$")
     if name == SYSTEM_TOOL:
         raise ConfigError(file, "", f"{SYSTEM_TOOL!r} is reserved")
+    if name.startswith(RESERVED_TOOL_PREFIX):
+        raise ConfigError(
+            file, "", f"names starting {RESERVED_TOOL_PREFIX!r} are reserved for the MCP bridge"
+        )
     if raw is None:
         raw = read_command_bytes(path)
     spec = parse_command_file(path, raw)

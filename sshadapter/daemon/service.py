@@ -28,8 +28,7 @@ import orjson
 
 from sshadapter.config import DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT, Allow, Grant
 from sshadapter.contract import envelope
-from sshadapter.contract.codes import SYSTEM_TOOL
-from sshadapter.contract.commandfile import TARGET_ARGUMENT
+from sshadapter.contract.codes import SYSTEM_TOOL, TARGET_ARGUMENT
 from sshadapter.contract.evaluate import Sealed, Verdict, seal_line
 from sshadapter.contract.registry import Operation, Registry
 from sshadapter.daemon.audit import AuditLog

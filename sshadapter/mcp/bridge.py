@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
@@ -56,6 +57,9 @@ from sshadapter.mcp.tools import (
     INSTRUCTIONS,
     LIST_TTL_MS,
     SERVER_INFO,
+    TARGET_NAME_PATTERN,
+    TARGETS_ARGUMENTS,
+    TARGETS_TOOL,
     DaemonAnswerError,
     Listing,
     bridge_envelope,
@@ -63,6 +67,8 @@ from sshadapter.mcp.tools import (
     can_name_tool,
     list_result,
     listing,
+    targets_failure,
+    targets_page,
 )
 
 log = logging.getLogger("sshadapter.mcp")
@@ -223,7 +229,10 @@ class Bridge:
             self._start(m, era, self._list(m.id, era))
         else:
             name, arguments = _call_params(m)
-            self._start(m, era, self._call(m.id, era, name, arguments))
+            if name == TARGETS_TOOL:
+                self._start(m, era, self._targets(m.id, era, arguments))
+            else:
+                self._start(m, era, self._call(m.id, era, name, arguments))
 
     def _initialize(self, m: Message) -> dict[str, Any]:
         requested = m.params.get("protocolVersion")
@@ -316,6 +325,50 @@ class Bridge:
             return
         self.send(result(request_id, call_result(sealed, era)))
         self._check_soon()
+
+    async def _targets(self, request_id: str | int, era: Era, arguments: Mapping[str, Any]) -> None:
+        """TARGETS_TOOL: one page of the daemon's `targets` answer, or a failure envelope.
+
+        Known only while the last list published it (some tool without a `run_on` enum);
+        ``tool`` must be one of those tools, as its input schema says.
+        """
+        try:
+            paged = (self.known or await self._fetch(notify=False)).paged
+            if not paged:  # not published: as unknown as any unlisted name
+                self.send(
+                    ProtocolError(
+                        INVALID_PARAMS, f"Unknown tool: {TARGETS_TOOL}", id=request_id
+                    ).response()
+                )
+                return
+            tool, after = arguments.get("tool"), arguments.get("after")
+            if (
+                arguments.keys() - TARGETS_ARGUMENTS
+                or tool not in paged
+                or not (after is None or (isinstance(after, str) and TARGET_NAME.fullmatch(after)))
+            ):
+                sealed: Mapping[str, Any] = bridge_envelope(TARGETS_TOOL, "INVALID_REQUEST", False)
+                log.info(
+                    "%s %s: arguments outside its input schema", sealed["request_id"], TARGETS_TOOL
+                )
+            else:
+                ask = {"op": "targets", "tool": tool, **({"after": after} if after else {})}
+                answer = await self.daemon.ask(ask)
+                found = targets_page(answer, str(tool)) or targets_failure(answer)
+                if found is None:
+                    raise DaemonUnreachable("response_invalid")
+                sealed = found
+        except DaemonUnreachable as exc:
+            sealed = bridge_envelope(TARGETS_TOOL, "INTERNAL", exc.retryable)
+            log.warning(
+                "%s %s: daemon not reachable at %s (%s): answered INTERNAL, retryable %s",
+                sealed["request_id"],
+                TARGETS_TOOL,
+                self.daemon.socket_path,
+                exc.reason,
+                str(exc.retryable).lower(),
+            )
+        self.send(result(request_id, call_result(sealed, era)))
 
     def _envelope(self, name: str, answer: Any) -> Mapping[str, Any]:
         """The daemon's envelope for ``name``, or the error for one it could not be."""
@@ -439,6 +492,7 @@ class Bridge:
 
 
 PASSED_ON_CODES: Final = frozenset({"OVERLOADED", "INTERNAL"})
+TARGET_NAME: Final = re.compile(TARGET_NAME_PATTERN)
 """Codes of a daemon's own refusal that the bridge passes on under the tool's name."""
 
 
@@ -446,7 +500,9 @@ def _call_params(m: Message) -> tuple[str, Mapping[str, Any]]:
     name = m.params.get("name")
     if not isinstance(name, str):
         raise ProtocolError(INVALID_PARAMS, "Invalid params: name must be a string", id=m.id)
-    if not can_name_tool(name):  # no list can hold it: never a tool result, even when
+    if name != TARGETS_TOOL and not can_name_tool(
+        name
+    ):  # no list can hold it: never a tool result, even when
         # the daemon is down or refuses the connection (server/tools.mdx: unknown tool)
         raise ProtocolError(INVALID_PARAMS, f"Unknown tool: {name}", id=m.id)
     arguments = m.params.get("arguments")

@@ -17,7 +17,13 @@ from typing import Any, Final
 import orjson
 
 from sshadapter import __version__
-from sshadapter.contract.codes import CODES, SYSTEM_TOOL, TOOL_NAME_PATTERN
+from sshadapter.contract.codes import (
+    CODES,
+    RESERVED_TOOL_PREFIX,
+    SYSTEM_TOOL,
+    TARGET_ARGUMENT,
+    TOOL_NAME_PATTERN,
+)
 from sshadapter.mcp.protocol import SERVER_INFO_KEY, Era
 
 # The failure shape of envelope.failure is written out in bridge_envelope rather than
@@ -26,17 +32,30 @@ from sshadapter.mcp.protocol import SERVER_INFO_KEY, Era
 # equal. The names and codes come from contract.codes, which imports nothing.
 TOOL_NAME: Final = re.compile(TOOL_NAME_PATTERN)
 
+TARGETS_TOOL: Final = RESERVED_TOOL_PREFIX + "targets"
+"""The bridge's own tool: a page of a tool's `run_on` choices (the daemon's `targets`).
+
+Its name starts with the prefix the registry refuses to command files, so no operation
+can take it."""
 SERVER_INFO: Final = {"name": "sshadapter", "title": "sshadapter", "version": __version__}
 INSTRUCTIONS: Final = (
-    "Each tool runs one fixed, operator-reviewed command on one fixed host and answers "
+    "Each tool runs one fixed, operator-reviewed command on a configured host and answers "
     "with a closed envelope: outcome success with the validated data, or outcome failure "
     f"with error.code ({', '.join(CODES)}) and error.retryable. Retry only when "
-    "retryable is true."
+    f"retryable is true. A tool with a `{TARGET_ARGUMENT}` argument runs on the host or "
+    "group it names (the choices are in its schema, or listed by "
+    f"{TARGETS_TOOL}): "
+    "its data.results holds each host's own outcome, failures first."
 )
 BRIDGE_REQUEST_ID_PREFIX: Final = "mcp."
 """A request_id the bridge made: the daemon never saw the call, no audit record exists.
 
 The daemon's own ids start with ``req.``; both fit the envelope's request_id pattern."""
+REQUEST_ID_PATTERN: Final = "^[A-Za-z0-9][A-Za-z0-9_.]{7,63}$"  # contract.envelope's
+TARGET_NAME_PATTERN: Final = "^[a-z][a-z0-9_-]{0,62}$"  # config.TARGET_NAME
+TARGETS_CODES: Final = ("INVALID_REQUEST", "OVERLOADED", "INTERNAL")
+"""What a `targets` request can fail with: the daemon's system answer's codes."""
+TARGETS_ARGUMENTS: Final = frozenset({"tool", "after"})
 LIST_TTL_MS: Final = 0
 """2026-07-28 caching hint: the list depends on the caller and on the daemon's current
 registry, and fetching it again costs one local round trip; nothing to gain from a TTL."""
@@ -57,6 +76,17 @@ class Listing:
     @property
     def names(self) -> frozenset[str]:
         return frozenset(t["name"] for t in self.tools)
+
+    @property
+    def paged(self) -> tuple[str, ...]:
+        """Tools whose `run_on` has too many choices for an enum: TARGETS_TOOL lists them."""
+        return tuple(t["name"] for t in self.tools if _paged(t))
+
+
+def _paged(entry: Mapping[str, Any]) -> bool:
+    properties = entry["input_schema"].get("properties")
+    run_on = properties.get(TARGET_ARGUMENT) if isinstance(properties, dict) else None
+    return isinstance(run_on, dict) and "enum" not in run_on
 
 
 def listing(answer: Any) -> Listing:
@@ -80,10 +110,16 @@ def listing(answer: Any) -> Listing:
 def can_name_tool(name: str) -> bool:
     """Whether the daemon could have a tool of this name: TOOL_NAME, and not the reserved one.
 
-    Any other name (another case, a look-alike character, empty, ``sshadapter``) is an
-    unknown tool whatever the daemon's registry holds; the bridge says so without asking.
+    Any other name (another case, a look-alike character, empty, ``sshadapter``, a name
+    starting ``sshadapter_``, which the registry refuses too) is an unknown tool whatever the
+    daemon's registry holds; the bridge says so without asking. Its own TARGETS_TOOL is
+    told apart before this.
     """
-    return TOOL_NAME.fullmatch(name) is not None and name != SYSTEM_TOOL
+    return (
+        TOOL_NAME.fullmatch(name) is not None
+        and name != SYSTEM_TOOL
+        and not name.startswith(RESERVED_TOOL_PREFIX)
+    )
 
 
 def title(name: str) -> str:
@@ -99,7 +135,7 @@ def mcp_tool(entry: Mapping[str, Any], era: Era) -> dict[str, Any]:
     change the host may also destroy something and only the operator could say
     otherwise (the spec's default is true, too); ``idempotentHint`` is
     ``idempotent``; ``openWorldHint`` is false, since every operation runs one
-    fixed command on one fixed, configured host and its answer is closed and
+    fixed command on fixed, configured hosts and its answer is closed and
     validated, the "closed domain" of the 2026-03-16 annotations post.
     """
     read_only = entry.get("read_only") is True
@@ -122,8 +158,134 @@ def mcp_tool(entry: Mapping[str, Any], era: Era) -> dict[str, Any]:
     return tool
 
 
+def targets_tool(paged: tuple[str, ...], era: Era) -> dict[str, Any]:
+    """TARGETS_TOOL as an MCP ``Tool``: a page of `run_on` choices for one of ``paged``.
+
+    Published only while some tool's choices are too many for an enum (docs/mcp.md):
+    ``tool`` is then an enum of exactly those. Its output is the page, or a failure in
+    the envelope's closed vocabulary (tool TARGETS_TOOL), both in one ``oneOf``.
+    """
+    tool: dict[str, Any] = {"name": TARGETS_TOOL}
+    if era.structured:
+        tool["title"] = TARGETS_TITLE
+    tool["description"] = (
+        f"Lists the names the `{TARGET_ARGUMENT}` argument of a tool accepts, when they are "
+        f"too many for its input schema to list ({', '.join(paged)}): one page per call, "
+        "sorted. Pass `next` back as `after` for the following page; `next` is null on the "
+        "last page."
+    )
+    tool["inputSchema"] = {
+        "type": "object",
+        "properties": {
+            "tool": {"type": "string", "enum": list(paged), "description": "The tool."},
+            "after": {
+                "type": "string",
+                "pattern": TARGET_NAME_PATTERN,
+                "description": "The previous page's `next`; absent for the first page.",
+            },
+        },
+        "required": ["tool"],
+        "additionalProperties": False,
+    }
+    if era.structured:
+        tool["outputSchema"] = targets_output_schema(paged)
+    tool["annotations"] = {
+        "title": TARGETS_TITLE,
+        "readOnlyHint": True,
+        "destructiveHint": False,
+        "idempotentHint": True,
+        "openWorldHint": False,
+    }
+    return tool
+
+
+TARGETS_TITLE: Final = "Targets of a tool"
+
+
+def targets_output_schema(paged: tuple[str, ...]) -> dict[str, Any]:
+    """A page for one of ``paged``, or a failure envelope of TARGETS_TOOL. No ``$id``:
+    the TypeScript SDK v1 caches validators by ``$id``, and ``paged`` changes on reloads."""
+    target = {"type": "string", "pattern": TARGET_NAME_PATTERN}
+    return {
+        "type": "object",
+        "oneOf": [
+            {
+                "title": "Page",
+                "type": "object",
+                "required": ["tool", "targets", "next"],
+                "properties": {
+                    "tool": {"enum": list(paged)},
+                    "targets": {"type": "array", "items": target},
+                    "next": {"anyOf": [target, {"type": "null"}]},
+                },
+                "additionalProperties": False,
+            },
+            {
+                "title": "Failure result",
+                "type": "object",
+                "required": ["tool", "request_id", "outcome", "error"],
+                "properties": {
+                    "tool": {"const": TARGETS_TOOL},
+                    "request_id": {"type": "string", "pattern": REQUEST_ID_PATTERN},
+                    "outcome": {"const": "failure"},
+                    "error": {
+                        "type": "object",
+                        "required": ["code", "retryable"],
+                        "properties": {
+                            "code": {"enum": list(TARGETS_CODES)},
+                            "retryable": {"type": "boolean"},
+                        },
+                        "additionalProperties": False,
+                    },
+                },
+                "additionalProperties": False,
+            },
+        ],
+    }
+
+
+def targets_page(answer: Any, tool: str) -> dict[str, Any] | None:
+    """The daemon's `targets` answer for ``tool`` when it is a page, else None."""
+    if not (isinstance(answer, dict) and answer.keys() == {"tool", "targets", "next"}):
+        return None
+    targets, following = answer["targets"], answer["next"]
+    if (
+        answer["tool"] != tool
+        or not isinstance(targets, list)
+        or not all(isinstance(t, str) for t in targets)
+        or not (following is None or isinstance(following, str))
+    ):
+        return None
+    return answer
+
+
+def targets_failure(answer: Any) -> dict[str, Any] | None:
+    """The daemon's system refusal of a `targets` request, as TARGETS_TOOL's failure."""
+    if not (
+        isinstance(answer, dict)
+        and answer.get("tool") == SYSTEM_TOOL
+        and answer.get("outcome") == "failure"
+        and isinstance(answer.get("error"), dict)
+        and answer["error"].get("code") in TARGETS_CODES
+        and isinstance(answer.get("request_id"), str)
+        and re.fullmatch(REQUEST_ID_PATTERN, answer["request_id"])
+    ):
+        return None
+    error = answer["error"]
+    return {
+        "tool": TARGETS_TOOL,
+        "request_id": answer["request_id"],
+        "outcome": "failure",
+        "error": {"code": error["code"], "retryable": error.get("retryable") is True},
+    }
+
+
 def list_result(tools: Listing, era: Era) -> dict[str, Any]:
-    result: dict[str, Any] = {"tools": [mcp_tool(t, era) for t in tools.tools]}
+    listed = [mcp_tool(t, era) for t in tools.tools]
+    if tools.paged:
+        listed.append(targets_tool(tools.paged, era))
+        listed.sort(key=lambda t: t["name"])
+    result: dict[str, Any] = {"tools": listed}
     if era.modern:
         # CacheableResult: the list depends on the caller (the daemon's `allow`).
         result.update(ttlMs=LIST_TTL_MS, cacheScope="private")
