@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -71,7 +71,12 @@ def assemble(
         runner = ssh
     monitor = None
     if policies:  # docs/dispatcher.md "Drift"
-        monitor = PolicyMonitor(runner, metrics, clock=dispatch_clock or time.monotonic)
+        monitor = PolicyMonitor(
+            runner,
+            metrics,
+            clock=dispatch_clock or time.monotonic,
+            open_hosts=connected_hosts(runner),
+        )
         monitor.expect(policies)
     judge = judge or Judge(config.server.evaluation_workers)
     service = Service(
@@ -102,6 +107,16 @@ def assemble(
         dispatch=monitor,
         config_path=config_path,
     )
+
+
+def connected_hosts(runner: Runner) -> Callable[[], Iterable[str]] | None:
+    """The aliases with an open connection, from a runner that keeps connections
+    (``connections()``: SshRunner, or a test's runner), for the policy monitor; None for
+    one that keeps none (a ScriptedRunner: no host counts as connected)."""
+    connections = getattr(runner, "connections", None)
+    if connections is None:
+        return None
+    return lambda: [alias for alias, count in connections().items() if count]
 
 
 async def run_daemon(config_path: Path | None) -> int:
