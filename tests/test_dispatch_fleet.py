@@ -206,7 +206,7 @@ def test_a_thousand_members_share_one_checked_set_of_operations(tmp_path: Path) 
 
 
 def test_drift_is_checked_on_connect_and_rechecked_only_while_connected() -> None:
-    """Never connected: never asked. Connected: asked at once, then every interval; closed: not."""
+    """A host is asked only once connected, then every interval while connected, never after."""
     policies = {alias: document(alias, "load_average") for alias in WEB}
     runner = Fleet({policy.DIGEST_COMMAND: answer(document("web", "load_average"))})
     clock = [1000.0]
