@@ -80,7 +80,12 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--hosts",
         action="store_true",
-        help="also connect to every dispatch host and compare its policy with ours",
+        help="also connect to every dispatch host (32 at a time) and compare its policy with ours",
+    )
+    check.add_argument(
+        "--target",
+        metavar="TARGET",
+        help="with --hosts: only the dispatch hosts of this group (or this host alias)",
     )
     check.set_defaults(handler=_cmd_check)
 
@@ -141,9 +146,15 @@ def _parser() -> argparse.ArgumentParser:
     _add_config(verify)
     verify.set_defaults(handler=_cmd_audit_verify)
 
-    policy_ = sub.add_parser("policy", help="print the dispatch policy of one host alias (JSON)")
+    policy_ = sub.add_parser(
+        "policy",
+        help="print the dispatch policy of a host alias, or the one of a group's members (JSON)",
+        description="Print the policy a dispatch host installs. For a group, one document "
+        '(its "host" the group) every member installs, refused unless all members run '
+        "the same operations.",
+    )
     _add_config(policy_)
-    policy_.add_argument("host", metavar="HOST_ALIAS")
+    policy_.add_argument("target", metavar="TARGET", help="a host alias or a group")
     policy_.set_defaults(handler=_cmd_policy)
 
     dispatcher = sub.add_parser("dispatcher", help="write out the host's sshadapter-dispatch")
@@ -359,7 +370,8 @@ def _load_with_path(
     """The configuration file used (None: built-in defaults), it, its registry, and the
     policy of each dispatch host: what `serve` would load, and refuse, from the same files.
 
-    ``also_dispatch``: a host alias whose policy is wanted before it is marked `dispatch`.
+    ``also_dispatch``: a host alias whose policy is wanted before it is marked `dispatch`
+    (a group's name adds nothing: its policy is built apart, ``policy.group_policy``).
     """
     from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
     from sshadapter.contract.registry import load_registry
@@ -373,8 +385,12 @@ def _load_with_path(
     inventory = load_inventory(config)
     # Without a config file there are no [hosts] to check host aliases against.
     hosts = config.hosts.keys() if path is not None else None
+    if inventory.is_group(also_dispatch):
+        also_dispatch = ""
     if also_dispatch and also_dispatch not in config.hosts:
-        raise ConfigError(str(path or "<defaults>"), f"hosts.{also_dispatch}", "no such host")
+        raise ConfigError(
+            str(path or "<defaults>"), f"hosts.{also_dispatch}", "no such host alias or group"
+        )
     dispatch_hosts = policy.dispatch_hosts(config) | ({also_dispatch} if also_dispatch else set())
     registry = load_registry(
         config.paths.commands,
@@ -412,11 +428,22 @@ def _cmd_check(args: argparse.Namespace) -> int:
             "(give --config to check them)",
             file=sys.stderr,
         )
+    if args.target is not None and not args.hosts:
+        print("sshadapter: --target chooses the hosts of --hosts: give both", file=sys.stderr)
+        return EXIT_USAGE
     hosts = []
     if args.hosts:  # the one part of `check` that talks to hosts (docs/dispatcher.md)
         from sshadapter.daemon.drift import check_hosts, format_hosts
+        from sshadapter.inventory import load_inventory
 
-        hosts = asyncio.run(check_hosts(config, policies))
+        members = None
+        if args.target is not None:
+            members = load_inventory(config).members(args.target)
+            if not set(members) & set(policies):
+                what = "is no host alias and no group" if not members else "has no dispatch host"
+                print(f"sshadapter: --target {args.target!r} {what}", file=sys.stderr)
+                return EXIT_USAGE
+        hosts = asyncio.run(check_hosts(config, policies, hosts=members))
     if args.json:
         report = [r.as_json() for r in rows] + [h.as_json() for h in hosts]
         sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
@@ -428,9 +455,17 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_policy(args: argparse.Namespace) -> int:
-    """Every operation of one host alias as its dispatcher enforces it (docs/dispatcher.md)."""
-    _, _, _, policies = _load_with_path(args, also_dispatch=args.host)
-    document = policies[args.host]
+    """Every operation of a host alias, or of each member of a group, as its dispatcher
+    enforces it (docs/dispatcher.md)."""
+    from sshadapter.dispatch import policy
+    from sshadapter.inventory import load_inventory
+
+    _, config, registry, policies = _load_with_path(args, also_dispatch=args.target)
+    inventory = load_inventory(config)
+    if inventory.is_group(args.target):
+        document = policy.group_policy(args.target, registry, inventory)
+    else:
+        document = policies[args.target]
     sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
     return EXIT_OK
 

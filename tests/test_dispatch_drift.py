@@ -41,8 +41,16 @@ def answer(document: Mapping[str, Any]) -> RunResult:
     return RunResult(dispatcher.digest_answer(document), b"", 0)
 
 
+class Connected(ScriptedRunner):
+    """A scripted host that counts as connected (``connections()``, as SshRunner's), so the
+    daemon's monitor checks it again at a reload."""
+
+    def connections(self) -> dict[str, int]:
+        return {"ci": 1}
+
+
 def host(digest_answer: RunResult, **commands: RunResult) -> ScriptedRunner:
-    return ScriptedRunner(
+    return Connected(
         {
             policy.DIGEST_COMMAND: digest_answer,
             JOB_COMMAND: RunResult(orjson.dumps(JOB_OUT), b"", 0),
@@ -61,7 +69,7 @@ JOB = call("job_run_status", project_id="bluebird")
 
 
 async def checked(d: Running) -> PolicyMonitor:
-    """The daemon's monitor, once its warm-up check of `ci` is done."""
+    """The daemon's monitor, once the check of `ci` its warm-up connect began is done."""
     monitor = d.service.dispatch
     assert monitor is not None
     for _ in range(200):
@@ -132,6 +140,8 @@ def test_a_policy_one_operation_behind_is_detected_counted_and_refused(tmp_path:
             if current is not None and current.result == "current":
                 break
             await asyncio.sleep(0.01)
+        else:
+            raise AssertionError(f"not rechecked after the reload: {monitor.state('ci')}")
         assert metric(d, "sshadapter_dispatch_drifted_operations", host="ci") == 0
         response = await d.ask(REVIEW)
         assert response["outcome"] == "success", response

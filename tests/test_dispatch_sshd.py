@@ -52,6 +52,7 @@ from sshadapter.config import (
     PathsSection,
     PoolSection,
     ServerSection,
+    load_config,
 )
 from sshadapter.contract.registry import Registry, load_registry
 from sshadapter.daemon.assemble import assemble
@@ -700,3 +701,59 @@ def test_an_operation_whose_pattern_has_unicode_escapes_runs_on_a_dispatch_host(
             assert "(bad_argument)" in result.stderr
     log = host.logged(len(good + bad))
     assert sum("allowed operation=greet" in line for line in log) == len(good)
+
+
+# A group's policy ------------------------------------------------------------------------
+
+
+def test_a_groups_policy_installed_once_serves_every_member(
+    host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`policy web` on the host: check --hosts --target web and the daemon find each current."""
+    web = ("web-1", "web-2", "web-3")
+    commands = open_commands(tmp_path / "commands")
+    for path in commands.glob("*.toml"):
+        text = path.read_text()
+        if 'host = "ci"' in text:
+            path.unlink()
+        else:
+            path.write_text(text.replace('host = "local"', 'targets = ["web"]'))
+    config_file = tmp_path / "config.toml"
+    config_file.write_text(
+        f'[paths]\ncommands = "{commands}"\nschemas = "{ROOT / "schemas"}"\n\n'
+        f'[server]\nsocket_path = "{tmp_path / "d.sock"}"\nallow = {{ uids = [{os.getuid()}] }}\n\n'
+        f'[audit]\npath = "{tmp_path / "audit.jsonl"}"\nfsync = "never"\n'
+        f'quarantine_dir = "{tmp_path / "q"}"\n\n'
+        + host.sshd.host_toml(*web, "solo", dispatch=True)
+        + '[groups.web]\nmembers = ["web-1", "web-2", "web-3"]\n'
+    )
+    assert cli_main(["policy", "web", "--config", str(config_file)]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["host"] == "web"
+    host.use(host.install("web-group", document))  # one file behind every member's key
+
+    check = ["check", "--config", str(config_file), "--hosts", "--target", "web"]
+    status = cli_main([*check, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == (0 if all(row["ok"] for row in report) else 1)
+    rows = [row for row in report if row["kind"] == "dispatch_policy"]  # not solo's
+    assert [(r["case"], r["got"]["policy"], r["ok"]) for r in rows] == [
+        (alias, "current", True) for alias in web
+    ]
+    cli_main(check)
+    lines = capsys.readouterr().out.splitlines()
+    assert all(line.endswith("(installed as 'web')  ok") for line in lines[-4:-1])
+    assert lines[-1] == "3 dispatch hosts checked: 3 ok, 0 missed"
+
+    config, _ = load_config(config_file)
+
+    async def body(daemon: Daemon) -> dict[str, Any]:
+        for alias in web:
+            await policy_state(daemon, alias, "current")
+        return await ask(config, "load_average", {"run_on": "web"})
+
+    answer = asyncio.run(serving(config, body))
+    assert answer["outcome"] == "success", answer
+    log = host.logged(3)
+    assert sum("allowed operation=load_average" in line for line in log) == 3
+    shutil.rmtree(tmp_path / "q", ignore_errors=True)

@@ -12,7 +12,7 @@ import logging
 import os
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -98,9 +98,9 @@ def assemble(
     monitor: PolicyMonitor | None = None
 
     def connected(alias: str) -> None:
-        """A new connection to a dispatch host: its policy is checked (unless just was)."""
-        if monitor is not None and config.hosts[alias].dispatch:
-            monitor.suspect(alias)
+        """A new connection: a dispatch host's policy is checked (unless one is under way)."""
+        if monitor is not None:
+            monitor.connected(alias)
 
     if runner is None:
         ssh = SshRunner(
@@ -117,7 +117,12 @@ def assemble(
         metrics.handshakes_in_flight.set_function(lambda: ssh.handshakes_in_flight)
         runner = ssh
     if policies:  # docs/dispatcher.md "Drift"
-        monitor = PolicyMonitor(runner, metrics, clock=dispatch_clock or time.monotonic)
+        monitor = PolicyMonitor(
+            runner,
+            metrics,
+            clock=dispatch_clock or time.monotonic,
+            open_hosts=connected_hosts(runner),
+        )
         monitor.expect(policies)
     judge = judge or Judge(config.server.evaluation_workers)
     service = Service(
@@ -149,6 +154,16 @@ def assemble(
         config_path=config_path,
         warm=warm,
     )
+
+
+def connected_hosts(runner: Runner) -> Callable[[], Iterable[str]] | None:
+    """The aliases with an open connection, from a runner that keeps connections
+    (``connections()``: SshRunner, or a test's runner), for the policy monitor; None for
+    one that keeps none (a ScriptedRunner: no host counts as connected)."""
+    connections = getattr(runner, "connections", None)
+    if connections is None:
+        return None
+    return lambda: [alias for alias, count in connections().items() if count]
 
 
 async def run_daemon(config_path: Path | None) -> int:

@@ -134,7 +134,7 @@ class Daemon:
         self.judge = judge
         """Its evaluation workers are stopped after the drain."""
         self.dispatch = dispatch
-        """The policy state of dispatch hosts: checked at start, on a timer, after a reload."""
+        """The policy state of dispatch hosts: checked when connected, and while connected."""
         self.state = State.STARTING
         self.ready = asyncio.Event()
         """Set once serving: the socket accepts and READY=1 has been sent."""
@@ -270,16 +270,17 @@ class Daemon:
     async def _warm(self, alias: str) -> None:
         """Open the first connection before the first call needs it; a failure is only logged.
 
-        A dispatch host is then asked for its policy (sshadapter/daemon/drift.py), unless
-        its new connection's own check (assemble's ``on_connect``) just began.
+        A dispatch host connected is then asked for its policy (sshadapter/daemon/drift.py
+        ``connected``: once, also when the runner's own ``on_connect`` already asked); one
+        not reached is not asked.
         """
         try:
             await self.runner.warm(alias)
         except UpstreamError as exc:
             log.warning("host %s not reachable yet: %s", alias, exc)
-        monitor = self.dispatch
-        if monitor is not None and alias in monitor.hosts:
-            monitor.suspect(alias)
+            return
+        if self.dispatch is not None:
+            self.dispatch.connected(alias)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

@@ -1,6 +1,7 @@
 """The dispatch policy of a host: its operations as the host's dispatcher enforces them.
 
-Reference: docs/dispatcher.md. ``sshadapter policy HOST_ALIAS`` prints it; the
+Reference: docs/dispatcher.md. ``sshadapter policy TARGET`` prints it (for a group,
+one document every member installs); the
 host's ``sshadapter-dispatch`` (sshadapter/dispatch/dispatcher.py, never imported here)
 reads it. For each operation of the host alias: the argv template (a literal
 element is a string, a placeholder element ``{"param", "prefix", "suffix"}``)
@@ -88,12 +89,66 @@ def host_policies(
 
     Built by whoever needs them (the daemon's loader, ``sshadapter policy`` and ``check``,
     the demo), never by the registry itself: an evaluation worker has no use for them.
+    Each operation's entry is built once, and each distinct set of operations checked
+    for overlaps once: 1,000 hosts of one group share one set (and one ``operations``
+    mapping, which nobody may change).
     """
-    operations = registry.operations.values()
-    return {
-        alias: host_policy(alias, operations, registry.schemas, inventory)
-        for alias in sorted(registry.source.dispatch_hosts)
-    }
+    aliases = sorted(registry.source.dispatch_hosts)
+    placed = operations_by_host(registry.operations.values(), aliases, inventory)
+    built: dict[str, dict[str, Any]] = {}
+    sets: dict[tuple[str, ...], tuple[dict[str, Any], bytes]] = {}
+    documents = {}
+    for alias in aliases:
+        mine = placed[alias]
+        key = tuple(op.name for op in mine)
+        if (shared := sets.get(key)) is None:
+            entries = _entries(f"dispatch host {alias!r}", mine, registry.schemas, built)
+            shared = sets[key] = (entries, canonical_json(entries))
+        documents[alias] = _document(alias, *shared)
+    return documents
+
+
+def group_policy(group: str, registry: Registry, inventory: Inventory) -> dict[str, Any]:
+    """The one policy document every member of ``group`` installs (``"host"`` is the group),
+    or ConfigError when two members run different operations: one file cannot serve both.
+
+    Its operations, and so each operation's digest, are exactly those of each member's
+    own policy: the daemon finds a member that installed it current (daemon/drift.py).
+    """
+    members = inventory.members(group)
+    placed = operations_by_host(registry.operations.values(), members, inventory)
+    first = members[0]
+    want = {op.name for op in placed[first]}
+    for alias in members[1:]:
+        got = {op.name for op in placed[alias]}
+        if got != want:
+            raise ConfigError(
+                inventory.origins.get(group, "<config>"),
+                f"groups.{group}",
+                f"members {first!r} and {alias!r} run different operations "
+                f"({first} only: {', '.join(sorted(want - got)) or '-'}; "
+                f"{alias} only: {', '.join(sorted(got - want)) or '-'}), so no one policy "
+                f"fits both: split the group, or install per host (sshadapter policy ALIAS)",
+            )
+    entries = _entries(f"the hosts of group {group!r}", placed[first], registry.schemas, {})
+    return _document(group, entries, canonical_json(entries))
+
+
+def operations_by_host(
+    operations: Iterable[Operation], aliases: Iterable[str], inventory: Inventory | None
+) -> dict[str, list[Operation]]:
+    """Each of ``aliases`` -> the operations that may run on it, by name: each operation's
+    targets are resolved once (not once per host)."""
+    placed: dict[str, list[Operation]] = {alias: [] for alias in aliases}
+    for op in sorted(operations, key=lambda op: op.name):
+        hosts = {op.spec.host} if op.spec.host else set()
+        if inventory is not None:
+            for target in op.spec.targets:
+                hosts.update(inventory.members(target))
+        for alias in hosts:
+            if alias in placed:
+                placed[alias].append(op)
+    return placed
 
 
 def runs_on(op: Operation, alias: str, inventory: Inventory | None) -> bool:
@@ -110,14 +165,43 @@ def host_policy(
     inventory: Inventory | None = None,
 ) -> dict[str, Any]:
     """The policy document of ``alias``: its operations, checked, and the digest of the whole."""
-    mine = sorted(
-        (op for op in operations if runs_on(op, alias, inventory)), key=lambda op: op.name
-    )
-    entries = {op.name: operation_policy(op) for op in mine}
+    mine = operations_by_host(operations, (alias,), inventory)[alias]
+    entries = _entries(f"dispatch host {alias!r}", mine, schemas, {})
+    return _document(alias, entries, canonical_json(entries))
+
+
+def _entries(
+    where: str,
+    mine: list[Operation],
+    schemas: SchemaSet,
+    built: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """The ``operations`` of a policy (``mine`` sorted by name), checked for overlaps;
+    ``built`` keeps each operation's entry for the next set that has it."""
+    for op in mine:
+        if op.name not in built:
+            built[op.name] = operation_policy(op)
+    entries = {op.name: built[op.name] for op in mine}
     for first, second in combinations(mine, 2):
-        _refuse_overlap(alias, first, second, entries, schemas)
-    body = {"format": POLICY_FORMAT, "host": alias, "operations": entries}
-    return {**body, "digest": digest(body)}
+        _refuse_overlap(where, first, second, entries, schemas)
+    return entries
+
+
+def _document(name: str, entries: dict[str, Any], entries_json: bytes) -> dict[str, Any]:
+    """A policy document: ``name`` (a host alias or a group) and the digest of the whole.
+
+    The digest is ``digest(body)``, its canonical JSON spliced from ``entries_json``
+    (``canonical_json(entries)``, serialized once per set of operations, not once per
+    host: sorted keys put format, host, operations in this order).
+    """
+    head = canonical_json({"format": POLICY_FORMAT, "host": name})[:-1]
+    whole = head + b',"operations":' + entries_json + b"}"
+    return {
+        "format": POLICY_FORMAT,
+        "host": name,
+        "operations": entries,
+        "digest": "sha256:" + hashlib.sha256(whole).hexdigest(),
+    }
 
 
 def operation_digests(policy: Mapping[str, Any]) -> dict[str, str]:
@@ -133,8 +217,8 @@ def operation_policy(op: Operation) -> dict[str, Any]:
             raise ConfigError(
                 file,
                 f"output.exit_codes.{status}",
-                f"{REFUSED_STATUS} is the dispatcher's refusal status on dispatch host "
-                f"{op.spec.host!r}; it cannot also mean {meaning!r}",
+                f"{REFUSED_STATUS} is the dispatcher's refusal status on a dispatch host "
+                f"({', '.join(op.spec.targets) or op.spec.host}); it cannot also mean {meaning!r}",
             )
     argv: list[Any] = []
     for index, element in enumerate(op.argv.elements):
@@ -238,7 +322,7 @@ def _integer_bounds(file: str, key: str, schema: Mapping[str, Any]) -> dict[str,
 
 
 def _refuse_overlap(
-    alias: str,
+    where: str,
     first: Operation,
     second: Operation,
     entries: Mapping[str, Mapping[str, Any]],
@@ -254,8 +338,8 @@ def _refuse_overlap(
     raise ConfigError(
         str(second.file),
         "argv",
-        f"{first.name} and {second.name} could both match one command on dispatch host "
-        f"{alias!r}, which the dispatcher refuses as ambiguous: make a literal element differ",
+        f"{first.name} and {second.name} could both match one command on {where}, "
+        "which the dispatcher refuses as ambiguous: make a literal element differ",
     )
 
 
