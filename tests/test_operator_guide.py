@@ -376,6 +376,7 @@ def test_the_guide_from_adding_a_host_to_reading_the_audit(walk: Walkthrough) ->
     drop_in = walk.write("/etc/systemd/system/sshadapter.service.d/fleet.conf")
     scanned = walk.run("fleet-keyscan").split()
     assert scanned[1] == on_host[1]  # the fingerprint the host shows (one sshd: one key)
+    walk.run("fleet-known-hosts")
     walk.write("/etc/sshadapter/inventory.d/web.toml")
     assert _lines(walk.run("inventory")) == _lines(walk.output("inventory"))
     walk.write("/etc/sshadapter/commands/kernel_release.toml")
