@@ -2,15 +2,16 @@
 
 The guide's code blocks are the test's input, found by the HTML comment in
 front of each (see the top of the guide): ``guide:run`` blocks are executed
-with ``sh -e``, ``guide:file`` blocks are written byte for byte,
-``guide:output`` blocks are compared with what the preceding command printed,
+with ``sh -e``, ``guide:file`` blocks are written byte for byte (``guide:append``
+blocks appended), ``guide:output`` blocks are compared with what the preceding command printed,
 and ``guide:root`` blocks (root on this machine, systemd as PID 1, or the
 remote host) are pinned in ``PINNED`` with the way each command is exercised
 instead; test_systemd_units.py runs the install commands offline.
 
 One substitution table maps the guide's world onto the test's: a temporary
 directory for /etc/sshadapter, /var/lib/sshadapter and /var/log/sshadapter, the
-test sshd (tests/sshd.py) for ci.internal.example and its host key file, this
+test sshd (tests/sshd.py) for ci.internal.example and its host key file (and
+for the fleet's web1 and web2 too: one sshd plays the three hosts), this
 test's uid for the agent's. The daemon is started the way the units start it:
 the unit's ``ExecStart=`` with the socket ``sshadapter.socket`` describes
 passed as fd 3, its ``LoadCredential=`` copied into ``$CREDENTIALS_DIRECTORY``,
@@ -44,6 +45,7 @@ SERVICE = ROOT / "systemd" / "sshadapter.service"
 SOCKET_UNIT = ROOT / "systemd" / "sshadapter.socket"
 REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]{7,63}$")
 COMMAND_TIMEOUT_SECONDS = 60
+HOSTS = ("ci", "web1", "web2")  # the guide's fleet: one test sshd plays them all
 
 # Every command of a guide:root block, and how it is exercised since it cannot run here.
 # "test_systemd_units" entries are run there against a temporary root (--root=).
@@ -93,6 +95,9 @@ PINNED: dict[str, str] = {
         "here: the unit's ExecReload= is run and READY=1 awaited; for real in the boot test"
     ),
     "journalctl -u sshadapter --since today": "not run: needs systemd as PID 1",
+    "systemctl daemon-reload && systemctl restart sshadapter": (
+        "here: SIGTERM, then ExecStart= again as activated, with the drop-in's credential"
+    ),
 }
 
 
@@ -101,9 +106,9 @@ class Block:
     """One fenced code block of the guide and the marker in front of it."""
 
     kind: str
-    """run, file, output or root."""
+    """run, file, append, output or root."""
     arg: str
-    """The block's name (run, output) or path (file); empty for root."""
+    """The block's name (run, output) or path (file, append); empty for root."""
     text: str
     """The content, dedented, ending in a newline."""
     line: int
@@ -142,7 +147,7 @@ def test_every_code_block_is_marked_and_every_root_command_pinned() -> None:
     blocks = guide_blocks()
     fences = [line for line in guide_text().splitlines() if line.lstrip().startswith("```")]
     assert len(fences) == 2 * len(blocks), "a code block without a guide: marker"
-    assert {b.kind for b in blocks} == {"run", "file", "output", "root"}
+    assert {b.kind for b in blocks} == {"run", "file", "append", "output", "root"}
     names = [(b.kind, b.arg) for b in blocks if b.kind != "root"]
     assert len(names) == len(set(names)), "two blocks with one name"
     assert sorted(root_commands(blocks)) == sorted(PINNED)
@@ -175,10 +180,14 @@ class Walkthrough:
             ("/var/log/sshadapter", f"{self.root}/var/log/sshadapter"),
             ("/etc/ssh/ssh_host_ed25519_key.pub", f"{sshd.host_key}.pub"),
             ("ci.internal.example", sshd.address),
+            # The fleet's hosts: the same sshd, so ci's known_hosts line and policy serve.
+            ("web1.internal.example", sshd.address),
+            ("web2.internal.example", sshd.address),
             ("-p 22 ", f"-p {sshd.port} "),
             ("port = 22", f"port = {sshd.port}"),
             ('user = "sshadapter"', f'user = "{sshd.user}"'),
             ("uids = [1001]", f"uids = [{os.getuid()}]"),
+            ("grants explain 1001 ", f"grants explain {os.getuid()} "),
             ("127.0.0.1:9464", f"127.0.0.1:{self.metrics_port}"),
             ('from="192.0.2.10"', f'from="{sshd.address}"'),
         ]
@@ -225,6 +234,13 @@ class Walkthrough:
         target = Path(self.localize(path))
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(self.localize(self.block("file", path).text))
+        return target
+
+    def append(self, path: str) -> Path:
+        target = Path(self.localize(path))
+        assert target.is_file(), f"{path}: appended to before a guide:file block wrote it"
+        with target.open("a") as file:
+            file.write(self.localize(self.block("append", path).text))
         return target
 
     def output(self, name: str) -> str:
@@ -352,32 +368,91 @@ def test_the_guide_from_adding_a_host_to_reading_the_audit(walk: Walkthrough) ->
         assert failures[0]["caller"]["uid"] == os.getuid()
         assert set(_lines(walk.run("metrics"))) == set(_lines(walk.output("metrics")))
 
+    # Run it on a fleet: web1 and web2 are this same sshd, reached with the fleet's key.
+    printed = walk.run("fleet-keygen").strip().splitlines()[-1]
+    assert printed.startswith(f'restrict,from="{walk.sshd.address}",{forced} ssh-ed25519 ')
+    with (walk.sshd.workdir / "authorized_keys").open("a") as authorized:
+        authorized.write(printed + "\n")
+    drop_in = walk.write("/etc/systemd/system/sshadapter.service.d/fleet.conf")
+    scanned = walk.run("fleet-keyscan").split()
+    assert scanned[1] == on_host[1]  # the fingerprint the host shows (one sshd: one key)
+    walk.run("fleet-known-hosts")
+    walk.write("/etc/sshadapter/inventory.d/web.toml")
+    assert _lines(walk.run("inventory")) == _lines(walk.output("inventory"))
+    walk.write("/etc/sshadapter/commands/kernel_release.toml")
+    walk.write("/etc/sshadapter/schemas/kernel_release.v1.json")
+    walk.run("fleet-policies")
+    policies = {h: json.loads((walk.work / f"{h}.policy.json").read_text()) for h in HOSTS}
+    assert [sorted(p["operations"]) for p in policies.values()] == [
+        ["file_stat", "kernel_release"],
+        ["kernel_release"],
+        ["kernel_release"],
+    ]
+    # One sshd for three hosts: ci's policy, which holds the web hosts' one operation.
+    walk.run("policy-install")
+    walk.append("/etc/sshadapter/config.toml")
+    explained = walk.run("grants-explain").splitlines()
+    shown = walk.output("grants-explain").replace("1001", str(os.getuid())).splitlines()
+    assert explained[0].startswith(f"uid {os.getuid()} (") and explained[0].endswith(
+        ", kernel_release, fleet"
+    )
+    assert explained[1:] == shown[1:]
+
+    # The restart (new hosts), with the drop-in's credential: the group is called on.
+    with started_daemon(walk, config, drop_ins=(drop_in,)):
+        envelope = json.loads(walk.run("call-fleet"))
+        shown_call = json.loads(walk.output("call-fleet"))
+        assert REQUEST_ID.match(envelope.pop("request_id"))
+        shown_call.pop("request_id")
+        results = envelope["data"].pop("results")
+        shown_results = shown_call["data"].pop("results")
+        assert envelope == shown_call  # outcome and counts
+        assert [(r["host"], r["outcome"]) for r in results] == [
+            (r["host"], r["outcome"]) for r in shown_results
+        ]
+        assert all(r["data"] == {"release": os.uname().release} for r in results)
+        assert _lines(walk.run("audit-fleet")) == _lines(walk.output("audit-fleet"))
+        got, expected_refusal = (
+            json.loads(walk.run("call-fleet-refused", 1)),
+            json.loads(walk.output("call-fleet-refused")),
+        )
+        assert REQUEST_ID.match(got.pop("request_id"))
+        expected_refusal.pop("request_id")
+        assert got == expected_refusal
+
     # Every block of the guide was used here, or in test_systemd_units (the unit drop-ins).
     drop_ins = {
         (b.kind, b.arg)
         for b in guide_blocks()
         if b.kind == "file" and b.arg.startswith("/etc/systemd/")
-    }
+    } - walk.used
     assert set(walk.blocks) - walk.used == drop_ins
     assert not walk.unused, f"substitutions the guide no longer needs: {walk.unused}"
 
 
 @contextlib.contextmanager
 def started_daemon(
-    walk: Walkthrough, config: Path
+    walk: Walkthrough, config: Path, drop_ins: tuple[Path, ...] = ()
 ) -> Iterator[tuple[subprocess.Popen[bytes], socket.socket]]:
-    """ExecStart= with the socket passed as fd 3, credentials and notify; then systemctl stop."""
+    """ExecStart= with the socket passed as fd 3, credentials (the unit's and its drop-ins')
+    and notify; then systemctl stop. Again after a stop: systemctl restart."""
     listen = unit_values(SOCKET_UNIT, "ListenStream")[0]
     assert walk.socket_path == walk.root / listen.lstrip("/")
+    for stale in (walk.socket_path, walk.tmp / "notify"):  # a previous start's
+        stale.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(walk.socket_path))
     walk.socket_path.chmod(int(unit_values(SOCKET_UNIT, "SocketMode")[0], 8))
     listener.listen()
     credentials = walk.tmp / "credentials" / "sshadapter.service"
-    credentials.mkdir(parents=True)
-    for entry in unit_values(SERVICE, "LoadCredential"):
+    credentials.mkdir(parents=True, exist_ok=True)
+    # The drop-ins were written localized already; the shipped unit names the real paths.
+    loaded = [walk.localize(entry) for entry in unit_values(SERVICE, "LoadCredential")]
+    loaded += [entry for unit in drop_ins for entry in unit_values(unit, "LoadCredential")]
+    for entry in loaded:
         name, _, source = entry.partition(":")
-        shutil.copyfile(walk.localize(source), credentials / name)
+        (credentials / name).unlink(missing_ok=True)
+        shutil.copyfile(source, credentials / name)
         (credentials / name).chmod(0o400)
     argv = shlex.split(walk.localize(unit_values(SERVICE, "ExecStart")[0]))
     argv[0] = str(walk.bin / "sshadapter")

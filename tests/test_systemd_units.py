@@ -210,11 +210,11 @@ def test_service_exposure_is_at_most_1_5(installed: Path) -> None:
 
 
 def test_the_guides_drop_ins_verify_and_keep_the_rating(installed: Path, tmp_path: Path) -> None:
-    """Each unit drop-in the guide shows (another key, an IP allow list) is valid as written."""
+    """Each unit drop-in the guide shows (a fleet's key, another key, an IP allow list) verifies."""
     root = tmp_path / "root"
     shutil.copytree(installed, root, symlinks=True)
     drop_ins = [b for b in guide_blocks() if b.kind == "file" and b.arg.startswith("/etc/systemd/")]
-    assert len(drop_ins) == 2
+    assert len(drop_ins) == 3
     for block in drop_ins:
         target = root / block.arg.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -240,6 +240,7 @@ def test_sysusers_and_tmpfiles_make_what_the_guide_lists(installed: Path) -> Non
         "etc/sshadapter": (0o750, groups["sshadapter"]),
         "etc/sshadapter/commands": (0o750, groups["sshadapter"]),
         "etc/sshadapter/schemas": (0o750, groups["sshadapter"]),
+        "etc/sshadapter/inventory.d": (0o750, groups["sshadapter"]),
         "etc/sshadapter/keys": (0o700, 0),
     }
     for path, (mode, gid) in expected.items():
