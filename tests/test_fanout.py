@@ -428,9 +428,6 @@ def test_run_on_is_reserved(tmp_path: Path) -> None:
     assert caught.value.key == "params.run_on"
 
 
-_ = ROOT
-
-
 def test_a_reload_removing_the_group_lets_the_running_fan_out_finish(tmp_path: Path) -> None:
     """SIGHUP drops a group mid fan-out: the call ends on its hosts, the next is refused."""
     from sshadapter.config import load_config
@@ -497,3 +494,22 @@ known_hosts = "/nonexistent"
     assert seen["running"]["data"]["succeeded"] == 3
     assert seen["after"]["error"]["code"] == "INVALID_REQUEST"
     assert seen["one"]["data"]["results"][0]["host"] == "web0"
+
+
+def test_check_holds_a_targets_operations_fixtures_to_one_hosts_envelope(tmp_path: Path) -> None:
+    """`sshadapter check` judges a fan-out operation's fixtures as one host's answers: all ok."""
+    import shutil
+
+    from sshadapter.check.report import check_registry
+    from sshadapter.contract.registry import load_registry
+
+    commands = tmp_path / "commands"
+    commands.mkdir()
+    source = ROOT / "commands" / "load_average.toml"
+    (commands / "load_average.toml").write_text(
+        source.read_text().replace('host = "local"', 'targets = ["fleet"]')
+    )
+    shutil.copytree(ROOT / "commands" / "load_average.fixtures", commands / "load_average.fixtures")
+    registry = load_registry(commands, ROOT / "schemas", hosts=("a",), groups=("fleet",))
+    rows = check_registry(registry)
+    assert rows and all(row.ok for row in rows), [r for r in rows if not r.ok]

@@ -128,7 +128,7 @@ def _run(
     run = RunResult(stdout, fixture.stderr, fixture.exit_status)
     verdict = evaluate(op, fixture.args, run, fixture.now)
     sealed = seal(op, CHECK_REQUEST_ID, verdict)
-    published = op.envelope_validator.is_valid(sealed)  # the full schema, data values included
+    published = op.host_validator.is_valid(sealed)  # the full schema, data values included
     got = {k: v for k, v in sealed.items() if k != "request_id"}
     return Row(
         op.name,

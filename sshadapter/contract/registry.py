@@ -71,6 +71,9 @@ class Operation:
     host_guard: Validator
     """The guard of one host's envelope: ``envelope_guard`` for an operation on one
     ``host``; for one with ``targets``, each host's own envelope inside the fan-out answer."""
+    host_validator: Validator
+    """One host's envelope, in full (``envelope_validator`` for an operation on one host):
+    what `sshadapter check` holds each fixture's envelope to."""
     warnings: tuple[tuple[str, str], ...] = ()
     """(key, text) an operator should read: `sshadapter check` prints them, loads log them."""
     dispatched: bool = False
@@ -278,6 +281,7 @@ def load_operation(
         declares_not_found=declares_not_found,
     )
     host_guard = schemas.compile(envelope.envelope_guard_schema(env_schema), file=file)
+    host_validator = schemas.compile(env_schema, file=file)
     if spec.multi:
         env_schema = envelope.fanout_schema(
             name,
@@ -300,13 +304,16 @@ def load_operation(
         schema=schema,
         output_validator=schemas.compile(schema.contents, file=file, base_uri=schema.uri),
         envelope_schema=env_schema,
-        envelope_validator=schemas.compile(env_schema, file=file),
+        envelope_validator=(
+            schemas.compile(env_schema, file=file) if spec.multi else host_validator
+        ),
         envelope_guard=(
             schemas.compile(envelope.fanout_guard_schema(env_schema), file=file)
             if spec.multi
             else host_guard
         ),
         host_guard=host_guard,
+        host_validator=host_validator,
         warnings=tuple(param_warnings(spec)),
         dispatched=any(t in dispatch_hosts for t in (spec.host, *spec.targets) if t),
     )
