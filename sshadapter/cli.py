@@ -1,5 +1,5 @@
 """The command line: ``sshadapter serve | call | list | mcp | check | schema | policy |
-dispatcher | demo | audit``.
+dispatcher | demo | audit | inventory | grants``.
 
 Exit status: 0 success, 1 a check missed or a call failed, 2 a usage or
 configuration error. An operator's mistake is one line naming the file, the
@@ -418,9 +418,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from sshadapter.inventory import load_inventory
 
     config_path, config, registry, policies = _load_with_path(args)
-    warm_aliases(config, load_inventory(config), str(config_path or "<defaults>"))  # as serve
+    inventory = load_inventory(config)
+    warm_aliases(config, inventory, str(config_path or "<defaults>"))  # as serve
     rows = check_registry(registry)
-    for warning in warnings(registry):  # not a miss: the exit status stays the table's
+    # not a miss: the exit status stays the table's
+    for warning in [*warnings(registry), *inventory.warnings()]:
         print(f"sshadapter: warning: {warning}", file=sys.stderr)
     if config_path is None:
         print(

@@ -45,6 +45,23 @@ class Inventory:
     def exists(self, target: str) -> bool:
         return target in self.hosts or target in self.groups
 
+    def warnings(self) -> list[str]:
+        """What `sshadapter check` should point out: two aliases for one address and port
+        (a copy slip: one host then has two names, two pins and two connection pools)."""
+        seen: dict[tuple[str, int], str] = {}
+        found = []
+        for alias, host in sorted(self.hosts.items()):
+            address, port = getattr(host, "address", None), getattr(host, "port", 0)
+            if address is None:  # a bare inventory: aliases only
+                continue
+            first = seen.setdefault((address.lower(), port), alias)
+            if first != alias:
+                where = self.origins.get(alias, "<config>")
+                found.append(
+                    f"{where}: hosts.{alias}: same address and port as {first!r} ({address}:{port})"
+                )
+        return found
+
     @classmethod
     def bare(cls, aliases: Iterable[str]) -> Inventory:
         """Host aliases only, no groups and no connection settings (a daemon built without

@@ -724,6 +724,7 @@ def test_a_groups_policy_installed_once_serves_every_member(
         f'[server]\nsocket_path = "{tmp_path / "d.sock"}"\nallow = {{ uids = [{os.getuid()}] }}\n\n'
         f'[audit]\npath = "{tmp_path / "audit.jsonl"}"\nfsync = "never"\n'
         f'quarantine_dir = "{tmp_path / "q"}"\n\n'
+        '[pool]\nwarm = ["web"]\n\n'  # a group: its members connected, so checked, at start
         + host.sshd.host_toml(*web, "solo", dispatch=True)
         + '[groups.web]\nmembers = ["web-1", "web-2", "web-3"]\n'
     )
@@ -735,7 +736,7 @@ def test_a_groups_policy_installed_once_serves_every_member(
     check = ["check", "--config", str(config_file), "--hosts", "--target", "web"]
     status = cli_main([*check, "--json"])
     report = json.loads(capsys.readouterr().out)
-    assert status == (0 if all(row["ok"] for row in report) else 1)
+    assert status == 0 and all(row["ok"] for row in report)
     rows = [row for row in report if row["kind"] == "dispatch_policy"]  # not solo's
     assert [(r["case"], r["got"]["policy"], r["ok"]) for r in rows] == [
         (alias, "current", True) for alias in web

@@ -513,3 +513,50 @@ def test_check_holds_a_targets_operations_fixtures_to_one_hosts_envelope(tmp_pat
     registry = load_registry(commands, ROOT / "schemas", hosts=("a",), groups=("fleet",))
     rows = check_registry(registry)
     assert rows and all(row.ok for row in rows), [r for r in rows if not r.ok]
+
+
+def test_a_drifted_host_fails_alone_and_is_not_sent_the_command(tmp_path: Path) -> None:
+    """A dispatch host whose policy differs answers policy_drift unsent; the others answer."""
+    from sshadapter.dispatch.policy import DIGEST_COMMAND, POLICY_FORMAT
+
+    commands, schemas = operator_files(tmp_path)
+    hosts, _ = scripted_fleet(3)
+    hosts["web001"] = hosts["web001"].model_copy(update={"dispatch": True})
+    drifted = {
+        "dispatcher": "sshadapter-dispatch",
+        "format": POLICY_FORMAT,
+        "host": "web001",
+        "digest": "sha256:" + "0" * 64,
+        "operations": {"fleet_state": "sha256:" + "1" * 64},
+    }
+    runner = ScriptedRunner(
+        {
+            "echo state up": RunResult(b"state up\n", b"", 0),
+            DIGEST_COMMAND: RunResult(orjson.dumps(drifted), b"", 0),
+        }
+    )
+    seen: dict[str, Any] = {}
+
+    async def body(d: Running) -> None:
+        assert d.daemon.dispatch is not None
+        state = await d.daemon.dispatch.check("web001")
+        assert state.result == "drift"
+        seen["answer"] = await d.ask(run_on("fleet"))
+        seen["records"] = d.audit_records()
+
+    with_daemon(
+        tmp_path,
+        body,
+        runner=runner,
+        hosts=hosts,
+        groups={"fleet": GroupSection(members=tuple(hosts))},
+        commands=commands,
+        schemas=schemas,
+    )
+    data = seen["answer"]["data"]
+    assert (data["succeeded"], data["failed"]) == (2, 1)
+    assert data["results"][0]["host"] == "web001"
+    assert data["results"][0]["error"] == {"code": "UPSTREAM_UNAVAILABLE", "retryable": False}
+    assert runner.calls.count("echo state up") == 2
+    rows = {row["host"]: row["reason"] for row in seen["records"][-1]["host_results"]}
+    assert rows["web001"] == "policy_drift"

@@ -186,3 +186,11 @@ def test_a_grant_naming_an_unknown_target_is_a_load_error(tmp_path: Path) -> Non
     )
     assert done.returncode == 2
     assert "grants[0].targets: 'nosuch' is no host alias and no group" in done.stderr
+
+
+def test_check_warns_of_two_aliases_for_one_address(tmp_path: Path) -> None:
+    """Two aliases with one address and port: `check` says so (a warning, not an error)."""
+    more = '[hosts.web9]\naddress = "10.0.0.1"\nport = 2222\n'
+    inventory = load_inventory(load_config(write(tmp_path, more=more))[0])
+    (warning,) = inventory.warnings()
+    assert "hosts.web9: same address and port as 'web1' (10.0.0.1:2222)" in warning

@@ -217,7 +217,6 @@ socket_mode = "0600"
 allow = {{ uids = [{os.getuid()}] }}
 max_queue = {len(aliases) + 64}
 max_connections = {len(aliases) + 64}
-max_fanout_hosts_in_flight = {max(64, len(aliases))}
 
 [paths]
 commands = "commands"
