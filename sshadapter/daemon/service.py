@@ -19,7 +19,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -70,7 +70,7 @@ TARGETS_PAGE: Final = 500  # names per `targets` answer: ~8 KB
 # Fan-out hosts that may start while a single call runs (FanoutSlots): measured on two
 # cores, a single call's p50 beside a 128-host fan-out was 43x its idle p50 with 64 hosts
 # in flight, 6x with 8.
-FANOUT_HOSTS_BESIDE_SINGLE: Final = 4
+FANOUT_HOSTS_BESIDE_SINGLE: Final = 1
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -82,61 +82,6 @@ class Request:
     args: Mapping[str, Any] = field(default_factory=dict)
     after: str = ""
     """`targets` only: the last name of the previous page."""
-
-
-class FanoutSlots:
-    """Hosts of fan-outs in flight, daemon-wide: at most ``limit``, and at most
-    ``beside_single`` while a single call is running.
-
-    A fan-out takes one call slot; its hosts take these. On two cores a fan-out keeps
-    the event loop and the hosts' sshd busy; a single call arriving meanwhile waits
-    behind every host in flight at each of its own steps (measured: 360 ms against 8 ms
-    idle beside 64 hosts in flight, 84 ms beside 8). So while a single call runs, new
-    fan-out hosts start only below ``beside_single``: hosts already running finish,
-    and the fan-out goes on, slower, until the single call is answered.
-    """
-
-    def __init__(self, limit: int, beside_single: int) -> None:
-        self.limit = limit
-        self.beside_single = min(beside_single, limit)
-        self.busy = 0
-        """Fan-out hosts in flight."""
-        self.singles = 0
-        """Single calls running (between their admission and their verdict)."""
-        self._changed = asyncio.Event()
-
-    @contextlib.asynccontextmanager
-    async def host(self) -> AsyncIterator[None]:
-        """One fan-out host's slot, held while it runs."""
-        while self.busy >= (self.limit if self.singles == 0 else self.beside_single):
-            changed = self._changed
-            await changed.wait()
-        self.busy += 1
-        try:
-            yield
-        finally:
-            self.busy -= 1
-            self._notify()
-
-    @contextlib.contextmanager
-    def single(self) -> Iterator[None]:
-        """A single call running: fan-outs start fewer hosts until it ends."""
-        self.singles += 1
-        try:
-            yield
-        finally:
-            self.singles -= 1
-            self._notify()
-
-    @contextlib.asynccontextmanager
-    async def single_async(self) -> AsyncIterator[None]:
-        """``single``, for a call with targets that names one host."""
-        with self.single():
-            yield
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
 
 
 class Admission:
@@ -225,9 +170,8 @@ class Service:
         """Set by the drain past its deadline: a cancelled call then answers INTERNAL."""
         self.registry = registry
         self.grants = grants
-        self.fanout_slots = FanoutSlots(max_fanout_hosts_in_flight, FANOUT_HOSTS_BESIDE_SINGLE)
-        """Hosts in flight across every fan-out (DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT), fewer
-        while a single call runs."""
+        self.fanout_hosts = asyncio.Semaphore(max_fanout_hosts_in_flight)
+        """Hosts in flight across every fan-out (DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT)."""
         self.inventory = inventory or Inventory.bare(
             op.spec.host for op in registry.operations.values() if op.spec.host
         )
@@ -372,8 +316,7 @@ class Service:
         self._refuse_drifted(call.op, host)
         with self.admission.ticket() as slots:
             async with slots:
-                with self.fanout_slots.single():
-                    verdict = await self._attempts(call, args, host, call)  # 4-10
+                verdict = await self._attempts(call, args, host, call)  # 4-10
         self._after_refusal(call.op, host, verdict)
         return verdict
 
@@ -420,12 +363,12 @@ class Service:
         call.runs = {host: HostRun(host) for host in call.hosts}
         await self.audit.append(call.intent())  # 4: durable before the first exec
         mine = asyncio.Semaphore(fanout.concurrency)
-        # One host is a single call, wherever it was named: no fan-out slot to wait for
-        # behind other fan-outs, and it holds theirs back while it runs.
-        slot = self.fanout_slots.single_async if len(call.hosts) == 1 else self.fanout_slots.host
+        # One host is a single call, wherever it was named: it takes no fan-out slot, so it
+        # never waits behind a fan-out holding them all (its call slot bounds it already).
+        slot = self.fanout_hosts if len(call.hosts) > 1 else contextlib.nullcontext()
 
         async def one(run: HostRun) -> None:
-            async with mine, slot():
+            async with mine, slot:
                 try:
                     self._refuse_drifted(op, run.host)
                     verdict = await self._attempts(call, args, run.host, run)

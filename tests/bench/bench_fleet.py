@@ -306,13 +306,21 @@ async def measure_sshadapter(fleet: Fleet, work: Path, result: SizeResult) -> Ss
     return side
 
 
-async def loaded_p50(side: SshadapterSide) -> tuple[float, float, int]:
-    """(idle p50 ms, p50 ms while fan-outs run back to back, fan-outs run) of a single call.
+async def loaded_p50(side: SshadapterSide) -> tuple[float, float, int, float, float]:
+    """(idle p50 ms, p50 ms while fan-outs run back to back, fan-outs run) of a single call,
+    then the idle and loaded p50 ms of a raw asyncssh exec on the same host, interleaved.
 
     The single call is load_average_one on the first host, while fan-outs over every host
-    (that one included) run back to back."""
+    (that one included) run back to back. The raw exec, on a connection of its own, shows
+    what the same host and the same two cores give without the daemon."""
     tool = side.tools[1]
     n = len(side.fleet.hosts)
+    raw = await raw_connect(side.fleet, side.fleet.aliases[0])
+
+    async def raw_single() -> float:
+        started = time.perf_counter()
+        await raw_exec(raw)
+        return (time.perf_counter() - started) * 1000
 
     async def single() -> float:
         conn = await AgentConn.open(side.daemon.socket)
@@ -324,6 +332,7 @@ async def loaded_p50(side: SshadapterSide) -> tuple[float, float, int]:
             await conn.close()
 
     idle = [await single() for _ in range(IDLE_CALLS)]
+    raw_idle = [await raw_single() for _ in range(IDLE_CALLS)]
     stop = asyncio.Event()
     fanouts = 0
 
@@ -336,14 +345,23 @@ async def loaded_p50(side: SshadapterSide) -> tuple[float, float, int]:
     runner = asyncio.create_task(background())
     await asyncio.sleep(0.05)
     loaded: list[float] = []
+    raw_loaded: list[float] = []
     deadline = time.monotonic() + LOADED_MAX_SECONDS
     while len(loaded) < LOADED_CALLS and (
         len(loaded) < LOADED_MIN_CALLS or time.monotonic() < deadline
     ):
         loaded.append(await single())
+        raw_loaded.append(await raw_single())
     stop.set()
     await runner
-    return statistics.median(idle), statistics.median(loaded), fanouts
+    raw.close()
+    return (
+        statistics.median(idle),
+        statistics.median(loaded),
+        fanouts,
+        statistics.median(raw_idle),
+        statistics.median(raw_loaded),
+    )
 
 
 # Ansible -------------------------------------------------------------------------------
@@ -500,10 +518,13 @@ async def measure_size(n: int, ansible: Path | None, work: Path, largest: int) -
         try:
             print("  sshadapter done", flush=True)
             if n == largest:
-                idle, loaded, fanouts = await loaded_p50(side)
+                idle, loaded, fanouts, raw_idle, raw_loaded = await loaded_p50(side)
                 result.rows["single call idle p50"] = Timing(idle / 1000, 1)
                 result.rows["single call loaded p50"] = Timing(loaded / 1000, fanouts)
+                result.rows["raw exec idle p50"] = Timing(raw_idle / 1000, 1)
+                result.rows["raw exec loaded p50"] = Timing(raw_loaded / 1000, 1)
                 print(f"  single calls: idle p50 {idle:.1f} ms, loaded p50 {loaded:.1f} ms")
+                print(f"  raw exec, same host: idle {raw_idle:.1f} ms, loaded {raw_loaded:.1f} ms")
         finally:
             for warning in side.daemon.stop():
                 print(f"  warning: {warning}")
@@ -618,9 +639,9 @@ def report(results: list[SizeResult], startup: dict[int, tuple[float, float]]) -
                 f"{small[0]:.3f} s at {min(startup)}",
             ),
         ]
-    measured = [r for r in results if r.daemon_rss_mb == r.daemon_rss_mb]
-    if len(measured) >= 2:  # RSS = base + slope x hosts, from the two largest N
-        a, b = sorted(measured, key=lambda r: r.n)[-2:]
+    with_rss = [r for r in results if r.daemon_rss_mb == r.daemon_rss_mb]
+    if len(with_rss) >= 2:  # RSS = base + slope x hosts, from the two largest N
+        a, b = sorted(with_rss, key=lambda r: r.n)[-2:]
         slope = (b.daemon_rss_mb - a.daemon_rss_mb) / (b.n - a.n)
         estimate = b.daemon_rss_mb + slope * (FLEET_RSS_HOSTS - b.n)
         rows.append(
@@ -645,6 +666,13 @@ def report(results: list[SizeResult], startup: dict[int, tuple[float, float]]) -
                 f"{busy.seconds * 1000:.1f} / {idle.seconds * 1000:.1f} ms, {busy.ok} fan-outs"
                 + ("" if loaded.n == LOADED_N else f"; the target is at N={LOADED_N}"),
             )
+        )
+    if loaded is not None and "raw exec loaded p50" in loaded.rows:
+        raw_idle, raw_busy = loaded.rows["raw exec idle p50"], loaded.rows["raw exec loaded p50"]
+        print(
+            f"  info  raw asyncssh exec on the same host beside the fan-outs: "
+            f"{raw_busy.seconds * 1000:.1f} / {raw_idle.seconds * 1000:.1f} ms idle "
+            f"= {raw_busy.seconds / raw_idle.seconds:.1f}x (the machine's share of the delay)"
         )
     width = max((len(r[0]) for r in rows), default=10)
     for label, measured, sense, target, detail in rows:
