@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +154,28 @@ def test_each_bad_host_fails_alone_and_the_others_answer(tmp_path: Path) -> None
     assert all(row["attempts"] for row in result["host_results"] if row["host"] != "h3")
 
 
+def on_fleet(
+    tmp_path: Path,
+    body: Callable[[Running], Awaitable[None]],
+    runner: ScriptedRunner,
+    hosts: dict[str, HostSection],
+    commands: Path,
+    schemas: Path,
+    **options: Any,
+) -> None:
+    """``with_daemon`` on ``hosts``, every one of them in the group `fleet`."""
+    with_daemon(
+        tmp_path,
+        body,
+        runner=runner,
+        hosts=hosts,
+        groups={"fleet": GroupSection(members=tuple(hosts))},
+        commands=commands,
+        schemas=schemas,
+        **options,
+    )
+
+
 def scripted_fleet(n: int) -> tuple[dict[str, HostSection], ScriptedRunner]:
     hosts = {
         f"web{i:03d}": HostSection(address="127.0.0.1", user="nobody", known_hosts=Path("/x"))
@@ -173,15 +195,7 @@ def test_the_result_cap_keeps_failures_and_counts_what_it_left_out(tmp_path: Pat
     async def body(d: Running) -> None:
         seen["answer"] = await d.ask(run_on("fleet"))
 
-    with_daemon(
-        tmp_path,
-        body,
-        runner=runner,
-        hosts=hosts,
-        groups={"fleet": GroupSection(members=tuple(hosts))},
-        commands=commands,
-        schemas=schemas,
-    )
+    on_fleet(tmp_path, body, runner, hosts, commands, schemas)
     data = seen["answer"]["data"]
     assert (data["hosts"], data["succeeded"], data["omitted"]) == (10, 10, 6)
     assert [r["host"] for r in data["results"]] == ["web000", "web001", "web002", "web003"]
@@ -209,15 +223,7 @@ def test_a_host_past_the_deadline_fails_alone(tmp_path: Path) -> None:
         seen["answer"] = await d.ask(run_on("fleet"))
         seen["records"] = d.audit_records()
 
-    with_daemon(
-        tmp_path,
-        body,
-        runner=runner,
-        hosts=hosts,
-        groups={"fleet": GroupSection(members=tuple(hosts))},
-        commands=commands,
-        schemas=schemas,
-    )
+    on_fleet(tmp_path, body, runner, hosts, commands, schemas)
     data = seen["answer"]["data"]
     assert (data["succeeded"], data["failed"]) == (2, 1)
     assert data["results"][0]["error"] == {"code": "UPSTREAM_UNAVAILABLE", "retryable": True}
@@ -321,15 +327,7 @@ def test_a_mutating_operation_runs_on_one_host_unless_fan_out_is_enabled(tmp_pat
         seen.append(await d.ask(run_on("web001")))
         seen.append(d.audit_records())
 
-    with_daemon(
-        tmp_path,
-        body,
-        runner=runner,
-        hosts=hosts,
-        groups={"fleet": GroupSection(members=tuple(hosts))},
-        commands=commands,
-        schemas=schemas,
-    )
+    on_fleet(tmp_path, body, runner, hosts, commands, schemas)
     group, one, records = seen
     assert group["error"]["code"] == "INVALID_REQUEST"
     assert one["data"]["hosts"] == 1 and one["data"]["results"][0]["host"] == "web001"
@@ -347,15 +345,7 @@ def test_too_many_hosts_is_refused_before_anything_runs(tmp_path: Path) -> None:
     async def body(d: Running) -> None:
         seen.append(await d.ask(run_on("fleet")))
 
-    with_daemon(
-        tmp_path,
-        body,
-        runner=runner,
-        hosts=hosts,
-        groups={"fleet": GroupSection(members=tuple(hosts))},
-        commands=commands,
-        schemas=schemas,
-    )
+    on_fleet(tmp_path, body, runner, hosts, commands, schemas)
     assert seen[0]["error"]["code"] == "INVALID_REQUEST" and runner.calls == []
 
 
@@ -381,14 +371,13 @@ def test_sigterm_mid_fan_out_records_every_host(tmp_path: Path) -> None:
         d.daemon.stop()
         seen["answer"] = await asking
 
-    with_daemon(
+    on_fleet(
         tmp_path,
         body,
-        runner=runner,
-        hosts=hosts,
-        groups={"fleet": GroupSection(members=tuple(hosts))},
-        commands=commands,
-        schemas=schemas,
+        runner,
+        hosts,
+        commands,
+        schemas,
         drain_timeout_seconds=0.5,
     )
     assert seen["answer"]["error"]["code"] == "INTERNAL"
@@ -544,15 +533,7 @@ def test_a_drifted_host_fails_alone_and_is_not_sent_the_command(tmp_path: Path) 
         seen["answer"] = await d.ask(run_on("fleet"))
         seen["records"] = d.audit_records()
 
-    with_daemon(
-        tmp_path,
-        body,
-        runner=runner,
-        hosts=hosts,
-        groups={"fleet": GroupSection(members=tuple(hosts))},
-        commands=commands,
-        schemas=schemas,
-    )
+    on_fleet(tmp_path, body, runner, hosts, commands, schemas)
     data = seen["answer"]["data"]
     assert (data["succeeded"], data["failed"]) == (2, 1)
     assert data["results"][0]["host"] == "web001"
@@ -591,14 +572,13 @@ def test_one_host_named_through_targets_never_waits_behind_a_fan_out(tmp_path: P
         released.set()
         seen["answer"] = await fan_out
 
-    with_daemon(
+    on_fleet(
         tmp_path,
         body,
-        runner=runner,
-        hosts=hosts,
-        groups={"fleet": GroupSection(members=tuple(hosts))},
-        commands=commands,
-        schemas=schemas,
+        runner,
+        hosts,
+        commands,
+        schemas,
         max_fanout_hosts_in_flight=16,
     )
     assert seen["peak"] == 16 and seen["answer"]["data"]["succeeded"] == 40

@@ -98,12 +98,26 @@ def envelope_schema(
         "additionalProperties": False,
     }
     codes = [c for c in CODES if c != "NOT_FOUND" or declares_not_found]
+    title = f"{tool} v{version} result envelope"
+    return _published(tool, version, title, description, _branches(tool, data, codes), projection)
+
+
+def _published(
+    tool: str,
+    version: int,
+    title: str,
+    description: str,
+    branches: list[dict[str, Any]],
+    projection: Projection,
+) -> dict[str, Any]:
+    """A published envelope schema: its branches, the projection's ``$defs``, and an
+    ``$id`` naming the tool and version and ending in a digest of the content."""
     content: dict[str, Any] = {
         "$schema": DRAFT_2020_12,
-        "title": f"{tool} v{version} result envelope",
+        "title": title,
         "description": description,
         "type": "object",
-        "oneOf": _branches(tool, data, codes),
+        "oneOf": branches,
     }
     if projection.defs:
         content["$defs"] = dict(projection.defs)
@@ -227,17 +241,8 @@ def fanout_schema(
         },
         "additionalProperties": False,
     }
-    content: dict[str, Any] = {
-        "$schema": DRAFT_2020_12,
-        "title": f"{tool} v{version} fan-out result envelope",
-        "description": description,
-        "type": "object",
-        "oneOf": _branches(tool, data, codes),
-    }
-    if projection.defs:
-        content["$defs"] = dict(projection.defs)
-    digest = hashlib.sha256(orjson.dumps(content, option=orjson.OPT_SORT_KEYS)).hexdigest()
-    return {"$id": f"{ENVELOPE_BASE_URI}{tool}.v{version}.{digest[:16]}.json", **content}
+    title = f"{tool} v{version} fan-out result envelope"
+    return _published(tool, version, title, description, _branches(tool, data, codes), projection)
 
 
 _FANOUT_KEYS: Final = (
