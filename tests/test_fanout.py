@@ -84,6 +84,25 @@ def fault_fleet(tmp_path: Path, n: int) -> Iterator[list[FaultServer]]:
         yield servers
 
 
+def assert_audit_schema(records: list[dict[str, Any]]) -> None:
+    """Every record validates against docs/audit-records.schema.json, naming what fails."""
+    import jsonschema
+    from test_docs import REFERENCE_FORMATS, audit_schema
+
+    schema = audit_schema()
+    whole = jsonschema.Draft202012Validator(schema, format_checker=REFERENCE_FORMATS)
+    for record in records:
+        # Against its own type's definition first: its errors name the field.
+        own = {
+            **{k: v for k, v in schema.items() if k != "oneOf"},
+            "$ref": f"#/$defs/{record['type']}",
+        }
+        mine = jsonschema.Draft202012Validator(own, format_checker=REFERENCE_FORMATS)
+        found = [f"{e.json_path}: {e.message[:300]}" for e in mine.iter_errors(record)]
+        assert not found, f"{record['type']} {record.get('request_id')}: {found[:3]}"
+        assert whole.is_valid(record)
+
+
 def other_key(tmp_path: Path) -> str:
     """A public host key line no server of the fleet presents."""
     return asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode()
@@ -151,6 +170,7 @@ def test_each_bad_host_fails_alone_and_the_others_answer(tmp_path: Path) -> None
     }
     liar = next(row for row in result["host_results"] if row["host"] == "h2")
     assert liar["attempts"][0]["quarantine"]["stdout"].startswith(answer["request_id"] + ".h2.")
+    assert_audit_schema(seen["records"])
     assert all(row["attempts"] for row in result["host_results"] if row["host"] != "h3")
 
 
@@ -275,6 +295,7 @@ def test_a_missing_target_and_a_forbidden_one_get_the_same_answer(tmp_path: Path
     assert answers[2]["outcome"] == "success"
     reasons = [r["reason"] for r in records if r["type"] == "result"]
     assert reasons[:2] == ["unknown_target", "target_not_granted"]
+    assert_audit_schema(records)
 
 
 def test_no_grant_and_no_allow_is_denied(tmp_path: Path) -> None:
@@ -386,6 +407,7 @@ def test_sigterm_mid_fan_out_records_every_host(tmp_path: Path) -> None:
     rows = {row["host"]: row["reason"] for row in result["host_results"]}
     assert rows == {"web000": "fanout_cancelled", "web001": None, "web002": None}
     assert result["reason"] == "drain_deadline"
+    assert_audit_schema(records)
 
 
 @pytest.mark.parametrize(
