@@ -87,7 +87,9 @@ def fault_fleet(tmp_path: Path, n: int) -> Iterator[list[FaultServer]]:
 def assert_audit_schema(records: list[dict[str, Any]]) -> None:
     """Every record validates against docs/audit-records.schema.json, naming what fails."""
     import jsonschema
-    from test_docs import REFERENCE_FORMATS, audit_schema
+    from test_docs import audit_schema
+
+    from sshadapter.contract.schemas import REFERENCE_FORMATS
 
     schema = audit_schema()
     whole = jsonschema.Draft202012Validator(schema, format_checker=REFERENCE_FORMATS)
