@@ -1,5 +1,5 @@
 """The command line: ``sshadapter serve | call | list | mcp | check | schema | policy |
-dispatcher | demo | audit | inventory | grants``.
+sudoers | dispatcher | demo | audit | inventory | grants``.
 
 Exit status: 0 success, 1 a check missed or a call failed, 2 a usage or
 configuration error. An operator's mistake is one line naming the file, the
@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -156,6 +157,24 @@ def _parser() -> argparse.ArgumentParser:
     _add_config(policy_)
     policy_.add_argument("target", metavar="TARGET", help="a host alias or a group")
     policy_.set_defaults(handler=_cmd_policy)
+
+    sudoers = sub.add_parser(
+        "sudoers",
+        help="print the sudoers drop-in of a dispatch host's or group's run_as operations",
+        description="Print the sudoers drop-in for the dispatch account: one rule per "
+        "operation with run_as, the exact command and its arguments (docs/dispatcher.md "
+        '"Root operations"). --check proves it with this machine\'s visudo and sudo '
+        "(as root, where the account exists): examples allowed, mutations refused.",
+    )
+    _add_config(sudoers)
+    sudoers.add_argument("target", metavar="TARGET", help="a host alias or a group")
+    sudoers.add_argument(
+        "--check",
+        action="store_true",
+        help="also prove it (visudo -c, then sudo -l -U on allowed and mutated arguments; "
+        "installs it in /etc/sudoers.d under a temporary name meanwhile)",
+    )
+    sudoers.set_defaults(handler=_cmd_sudoers)
 
     dispatcher = sub.add_parser("dispatcher", help="write out the host's sshadapter-dispatch")
     dispatcher.add_argument(
@@ -470,6 +489,67 @@ def _cmd_policy(args: argparse.Namespace) -> int:
         document = policies[args.target]
     sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
     return EXIT_OK
+
+
+def _cmd_sudoers(args: argparse.Namespace) -> int:
+    """The sudoers drop-in of a dispatch host alias or group; with --check, proved."""
+    from sshadapter.dispatch import policy, sudoers
+    from sshadapter.inventory import load_inventory
+
+    path, config, registry, policies = _load_with_path(args)
+    inventory = load_inventory(config)
+    where = str(path or "<defaults>")
+    if inventory.is_group(args.target):
+        document = policy.group_policy(args.target, registry, inventory)
+        members = [m for m in inventory.members(args.target) if m in policies]
+    else:
+        document = policies.get(args.target, {})
+        members = [args.target] if args.target in policies else []
+    if not members:
+        raise ConfigError(where, f"hosts.{args.target}", "no dispatch host of that name or group")
+    accounts = sorted({config.hosts[m].user for m in members})
+    if len(accounts) > 1:
+        raise ConfigError(
+            where,
+            f"groups.{args.target}",
+            f"members log in as {', '.join(accounts)}: one drop-in serves one account",
+        )
+    placed = policy.operations_by_host(registry.operations.values(), members[:1], inventory)
+    found = sudoers.rules(placed[members[0]])
+    if not found:
+        print(f"sshadapter: no operation on {args.target} has run_as", file=sys.stderr)
+        return EXIT_USAGE
+    text = sudoers.drop_in(args.target, accounts[0], found, document["digest"])
+    sys.stdout.write(text)
+    if not args.check:
+        return EXIT_OK
+    missing = sudoers.missing_programs(found)
+    if missing:
+        print(
+            f"sshadapter: sudoers --check: {', '.join(missing)} not on this machine: sudo "
+            "refuses a command it cannot find, so run --check on the host (or one like it)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    try:
+        passed, said = sudoers.visudo_check(text)
+        proofs = sudoers.prove(text, accounts[0], found) if passed else []
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"sshadapter: sudoers --check: {exc} (it needs sudo, visudo and root)", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"visudo -c: {'ok' if passed else 'FAILED'}: {said}", file=sys.stderr)
+    if not passed:
+        return EXIT_FAILED
+    for proof in proofs:
+        if not proof.ok:
+            want = "allowed" if proof.expected else "refused"
+            print(
+                f"sudo -l: {proof.operation}: {' '.join(proof.argv)!r} must be {want}",
+                file=sys.stderr,
+            )
+    bad = sum(not proof.ok for proof in proofs)
+    print(f"sudo -l: {len(proofs) - bad} of {len(proofs)} answers as required", file=sys.stderr)
+    return EXIT_OK if not bad else EXIT_FAILED
 
 
 def _cmd_dispatcher(args: argparse.Namespace) -> int:

@@ -37,6 +37,8 @@ from sshadapter.errors import ConfigError
 from sshadapter.strict_json import DEFAULT_MAX_DEPTH, MAX_DEPTH_LIMIT
 
 PARAM_NAME: Final = r"^[a-z][a-z0-9_]{0,62}$"
+# A Debian account name (adduser's default NAME_REGEX), as [hosts] `user` says it.
+ACCOUNT_NAME: Final = r"^[a-z_][a-z0-9_-]{0,31}$"
 
 DEFAULT_TIMEOUT_SECONDS: Final = 10.0  # a status query that takes longer is not a status query
 MAX_TIMEOUT_SECONDS: Final = 600.0
@@ -238,6 +240,9 @@ class CommandFile(_Table):
     An operator's statement, never inferred from argv. Hosts let read-only tools
     run without a confirmation (Claude Code's plan mode blocks the others).
     """
+    run_as: Annotated[str, Field(pattern=ACCOUNT_NAME)] | None = None
+    """The account the command runs as, through ``sudo -n -u ACCOUNT --`` on a dispatch host:
+    docs/operations.md "Root operations" (``sshadapter sudoers`` writes the host's rule)."""
     allow: Allow | None = None
     params: dict[Annotated[str, Field(pattern=PARAM_NAME)], dict[str, Any]] = {}
     output: OutputSection

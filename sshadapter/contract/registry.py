@@ -19,7 +19,7 @@ from typing import Any, Final, Literal
 
 from sshadapter import __version__
 from sshadapter.contract import envelope
-from sshadapter.contract.argv import ArgvTemplate, parse_template
+from sshadapter.contract.argv import ArgvElement, ArgvTemplate, parse_template
 from sshadapter.contract.codes import RESERVED_TOOL_PREFIX, SYSTEM_TOOL, TOOL_NAME_PATTERN
 from sshadapter.contract.commandfile import CommandFile, parse_command_file, read_command_bytes
 from sshadapter.contract.exitstatus import ByStderr, ExitCodes, ExitMeaning
@@ -34,6 +34,7 @@ from sshadapter.contract.extract import (
 )
 from sshadapter.contract.linear_regex import LinearPattern, LinearRegexError, compile_linear
 from sshadapter.contract.params import check_params_used, param_warnings, params_schema_of
+from sshadapter.contract.root import RootCommand, root_command, sudo_prefix
 from sshadapter.contract.schemas import (
     LoadedSchema,
     SchemaSet,
@@ -78,6 +79,8 @@ class Operation:
     """(key, text) an operator should read: `sshadapter check` prints them, loads log them."""
     dispatched: bool = False
     """Its host runs sshadapter-dispatch (`dispatch = true`): see docs/dispatcher.md."""
+    root: RootCommand | None = None
+    """It runs as ``run_as`` through sudo (``argv`` starts with the sudo prefix): its rule."""
 
     @cached_property
     def audit_fields(self) -> Mapping[str, Any]:
@@ -266,6 +269,20 @@ def load_operation(
     argv = parse_template(file, spec.argv)
     check_params_used(file, spec, argv)
     params_schema = params_schema_of(file, spec)
+    root = None
+    if spec.run_as is not None:
+        if not any(t in dispatch_hosts for t in (spec.host, *spec.targets) if t):
+            raise ConfigError(
+                file,
+                "run_as",
+                "needs a dispatch host (`dispatch = true`): without sshadapter-dispatch the "
+                "host would trust the command string",
+            )
+        root = root_command(file, spec.run_as, spec.params, argv)
+        argv = ArgvTemplate(
+            tuple(ArgvElement(((False, text),)) for text in sudo_prefix(spec.run_as))
+            + argv.elements
+        )
     schema = schemas.get(spec.output.schema_file, file=file, key="output.schema")
     _check_fields(file, spec, schema)
     _check_optional_keys(file, spec, schema)
@@ -316,6 +333,7 @@ def load_operation(
         host_validator=host_validator,
         warnings=tuple(param_warnings(spec)),
         dispatched=any(t in dispatch_hosts for t in (spec.host, *spec.targets) if t),
+        root=root,
     )
 
 

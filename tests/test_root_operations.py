@@ -1,0 +1,365 @@
+"""Root operations (``run_as``): the command-file rules, the sudoers drop-in, real sudo and sshd.
+
+The drop-in is proved with this machine's sudo (``visudo -c -f``, ``sudo -l -U``)
+and installed for a scenario under a temporary name in /etc/sudoers.d, removed
+afterwards. End to end, the daemon's command goes through a real sshd, the
+dispatcher as the key's forced command, and sudo, and runs as root; anything
+else is refused by the dispatcher and, tried directly as the account, by sudo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+import asyncssh
+import pytest
+from dispatch_support import install_dispatcher, syslog_listener, write_policy
+from sshd import Sshd, host_directory, login_account, policy_owner_args, running_sshd
+
+from sshadapter.cli import main as cli_main
+from sshadapter.contract.registry import Registry, load_registry
+from sshadapter.contract.root import SUDO_PROGRAM, sudo_prefix
+from sshadapter.dispatch import dispatcher, policy, sudoers
+from sshadapter.errors import ConfigError
+
+HOSTS: Final = ("local", "other")
+# Prints who it runs as and its arguments: the proof of which account and argv arrived.
+ROOT_ECHO: Final = (
+    "#!/usr/bin/python3 -IS\nimport json, os, sys\n"
+    'print(json.dumps({"uid": os.getuid(), "args": sys.argv[1:]}))\n'
+)
+SCHEMA: Final = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "properties": {
+        "uid": {"type": "integer", "minimum": 0, "maximum": 2**32},
+        "args": {
+            "type": "array",
+            "maxItems": 8,
+            "items": {"type": "string", "pattern": "^[ -~]{0,64}$", "maxLength": 64},
+        },
+    },
+    "required": ["uid", "args"],
+    "additionalProperties": False,
+}
+ECHO: Final = "/usr/bin/echo"  # a program sudo finds here (sudo -l refuses a missing one)
+UNIT: Final = "^[a-z][a-z0-9_-]{0,15}\\.service$"
+
+
+def command_file(program: str, *, run_as: str | None = "root", extra: str = "") -> str:
+    """A command file restarting a unit through ``program``, as ``run_as``."""
+    who = f'run_as = "{run_as}"\n' if run_as else ""
+    return f"""description = "restart a unit"
+version = 1
+host = "local"
+{who}argv = ["{program}", "restart", "{{unit}}", "--mode={{mode}}"]
+{extra}
+[params.unit]
+type = "string"
+pattern = '{UNIT}'
+
+[params.mode]
+type = "string"
+enum = ["fast", "slow"]
+
+[output]
+format = "json"
+schema = "root_echo.v1.json"
+
+[agent]
+fields = ["uid", "args"]
+"""
+
+
+def make_commands(root: Path, files: dict[str, str]) -> tuple[Path, Path]:
+    commands, schemas = root / "commands", root / "schemas"
+    commands.mkdir(parents=True, exist_ok=True)
+    schemas.mkdir(exist_ok=True)
+    (schemas / "root_echo.v1.json").write_text(json.dumps(SCHEMA))
+    for name, text in files.items():
+        (commands / f"{name}.toml").write_text(text)
+    return commands, schemas
+
+
+def registry_of(root: Path, files: dict[str, str], dispatch: tuple[str, ...] = HOSTS) -> Registry:
+    commands, schemas = make_commands(root, files)
+    return load_registry(commands, schemas, hosts=HOSTS, dispatch_hosts=dispatch)
+
+
+def require_sudo() -> None:
+    """Skip without sudo or root (sudo -l -U and /etc/sudoers.d need both); fail under $CI."""
+    if shutil.which("sudo") and shutil.which("visudo") and os.geteuid() == 0:
+        return
+    message = "sudo/visudo not installed or not root: run scripts/install-test-deps as root"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+# The command file ---------------------------------------------------------------------
+
+
+def test_run_as_prefixes_sudo_and_the_policy_carries_it(tmp_path: Path) -> None:
+    """The daemon sends sudo -n -u root -- PROGRAM ARGS, and the policy's template says so."""
+    registry = registry_of(tmp_path, {"restart": command_file("/usr/local/bin/root-echo")})
+    op = registry.operations["restart"]
+    args = {"unit": "nginx.service", "mode": "fast"}
+    assert op.command(args) == (
+        "/usr/bin/sudo -n -u root -- /usr/local/bin/root-echo restart nginx.service --mode=fast"
+    )
+    entry = policy.host_policies(registry)["local"]["operations"]["restart"]
+    assert entry["argv"][:6] == [*sudo_prefix("root"), "/usr/local/bin/root-echo"]
+    assert op.root is not None
+    assert op.root.arguments == (
+        "^restart [abcdefghijklmnopqrstuvwxyz][0123456789_abcdefghijklmnopqrstuvwxyz-]{0,15}"
+        "[.]service --mode=(fast|slow)$"
+    )
+
+
+BAD_FILES: Final = [
+    # (what to change in the good file, key, reason fragment)
+    ((UNIT, "^[a-z ]+$"), "params.unit.pattern", "' '"),
+    ((UNIT, "^.+$"), "params.unit.pattern", "'.'"),
+    ((UNIT, "^[^/]+$"), "params.unit.pattern", "negated class"),
+    ((UNIT, "^a|b$"), "params.unit.pattern", "alternation outside a group"),
+    ((UNIT, "[a-z]+"), "params.unit.pattern", "not anchored"),
+    ((UNIT, "^[+-=]+$"), "params.unit.pattern", "range"),
+    (('enum = ["fast", "slow"]', 'enum = ["fast", "very slow"]'), "params.mode.enum", "very slow"),
+    (("--mode={mode}", "--mode {mode}"), "argv[3]", "literal argument"),
+    (('"/usr/local/bin/root-echo"', '"root-echo"'), "argv[0]", "absolute path"),
+    (("'\n", "'\nmaxLength = 20\n"), "params.unit.maxLength", "exactly"),
+]
+
+
+@pytest.mark.parametrize(("change", "key", "reason"), BAD_FILES)
+def test_what_sudo_could_not_match_exactly_is_a_load_error(
+    tmp_path: Path, change: tuple[str, str], key: str, reason: str
+) -> None:
+    """Whitespace-capable or inexact parameters of a root operation do not load."""
+    text = command_file("/usr/local/bin/root-echo").replace(*change, 1)
+    with pytest.raises(ConfigError) as caught:
+        registry_of(tmp_path, {"restart": text})
+    assert caught.value.key == key
+    assert reason in caught.value.reason
+
+
+def test_run_as_needs_a_dispatch_host(tmp_path: Path) -> None:
+    """Without sshadapter-dispatch the host would trust the command string: a load error."""
+    with pytest.raises(ConfigError, match="needs a dispatch host") as caught:
+        registry_of(tmp_path, {"restart": command_file("/bin/x")}, dispatch=())
+    assert caught.value.key == "run_as"
+
+
+# The drop-in and its proof --------------------------------------------------------------
+
+
+def write_config(root: Path, files: dict[str, str], user: str) -> Path:
+    commands, schemas = make_commands(root, files)
+    known = root / "known_hosts"
+    known.write_text("")
+    config = root / "config.toml"
+    config.write_text(
+        f'[paths]\ncommands = "{commands}"\nschemas = "{schemas}"\n'
+        + "".join(
+            f'[hosts.{alias}]\naddress = "127.0.0.1"\nuser = "{user}"\n'
+            f'known_hosts = "{known}"\ndispatch = true\n'
+            for alias in HOSTS
+        )
+    )
+    return config
+
+
+def sudoers_cli(
+    config: Path, capsys: pytest.CaptureFixture[str], *more: str
+) -> tuple[int, str, str]:
+    status = cli_main(["sudoers", "local", "--config", str(config), *more])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_sudoers_prints_one_rule_per_root_operation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The drop-in names the account, the exact command, the hardening and the policy digest."""
+    files = {
+        "restart": command_file("/usr/local/bin/root-echo"),
+        "look": command_file("/usr/local/bin/look", run_as=None).replace("restart", "status"),
+    }
+    status, out, _ = sudoers_cli(write_config(tmp_path, files, "adapter"), capsys)
+    assert status == 0
+    rules = [line for line in out.splitlines() if not line.startswith("#")]
+    assert rules == [
+        "Cmnd_Alias SSHADAPTER_RESTART = /usr/local/bin/root-echo ^restart "
+        "[abcdefghijklmnopqrstuvwxyz][0123456789_abcdefghijklmnopqrstuvwxyz-]{0,15}"
+        "[.]service --mode=(fast|slow)$",
+        "Defaults!SSHADAPTER_RESTART env_reset, !setenv",
+        "adapter ALL = (root) NOPASSWD:NOEXEC: SSHADAPTER_RESTART",
+    ]
+    registry_digest = cli_digest(tmp_path / "config.toml", capsys)
+    assert f"# {registry_digest}: install both together." in out
+
+
+def cli_digest(config: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    assert cli_main(["policy", "local", "--config", str(config)]) == 0
+    return str(json.loads(capsys.readouterr().out)["digest"])
+
+
+def test_sudoers_check_proves_the_drop_in_with_real_sudo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """visudo -c passes, and sudo -l -U allows every example and refuses every mutation."""
+    require_sudo()
+    files = {"restart": command_file(ECHO)}
+    config = write_config(tmp_path, files, login_account())
+    before = set(sudoers.SUDOERS_DIR.iterdir())
+    status, out, err = sudoers_cli(config, capsys, "--check")
+    assert status == 0, err
+    assert "visudo -c: ok" in err
+    assert set(sudoers.SUDOERS_DIR.iterdir()) == before  # the temporary rule is gone
+    proofs = sudoers.prove(out, login_account(), rules_of(tmp_path))
+    assert all(proof.ok for proof in proofs)
+    assert sum(proof.expected for proof in proofs) == 2  # shortest and longest examples
+    assert sum(not proof.expected for proof in proofs) >= 15
+
+
+def rules_of(root: Path) -> list[sudoers.Rule]:
+    registry = load_registry(
+        root / "commands", root / "schemas", hosts=HOSTS, dispatch_hosts=HOSTS
+    )
+    return sudoers.rules(registry.operations.values())
+
+
+def test_an_invalid_regex_passes_visudo_and_fails_the_proof(tmp_path: Path) -> None:
+    """visudo -c accepts a rule whose expression never matches; the sudo -l proof does not."""
+    require_sudo()
+    registry = registry_of(tmp_path, {"restart": command_file(ECHO)})
+    found = sudoers.rules(registry.operations.values())
+    text = sudoers.drop_in("local", login_account(), found, "sha256:-").replace(
+        "(fast|slow)$", "(fast|slow$", 1
+    )  # an unbalanced parenthesis: regcomp refuses it, visudo does not look
+    passed, _ = sudoers.visudo_check(text)
+    assert passed
+    proofs = sudoers.prove(text, login_account(), found)
+    assert [p.ok for p in proofs if p.expected] == [False, False]
+
+
+def test_a_drop_in_visudo_rejects_fails_the_check(tmp_path: Path) -> None:
+    """A syntax error is visudo's refusal, said in one line."""
+    require_sudo()
+    passed, said = sudoers.visudo_check("adapter ALL = NOPASSWD /usr/bin/id\n")
+    assert not passed
+    assert "syntax error" in said
+
+
+# End to end: sshd, the dispatcher, sudo --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sudo_host() -> Iterator[tuple[Sshd, Path, Any]]:
+    require_sudo()
+    with running_sshd() as sshd, host_directory() as root:
+        program = root / "root-echo"
+        program.write_text(ROOT_ECHO)
+        program.chmod(0o755)
+        with syslog_listener(root / "log") as log:
+            yield sshd, root, log
+        sshd.authorize()
+
+
+@pytest.fixture
+def installed(sudo_host: tuple[Sshd, Path, Any], tmp_path: Path) -> Iterator[Any]:
+    """The dispatcher, the policy and the proved drop-in installed; removed afterwards."""
+    sshd, root, log = sudo_host
+    program = str(root / "root-echo")
+    files = {
+        "restart": command_file(program),
+        "status": command_file(program, run_as=None).replace('"restart"', '"status"'),
+    }
+    registry = registry_of(tmp_path, files)
+    document = policy.host_policies(registry)["local"]
+    policy_file = write_policy(root / "policy.json", document)
+    dispatch = install_dispatcher(root)
+    found = sudoers.rules(registry.operations.values())
+    text = sudoers.drop_in("local", sshd.user, found, document["digest"])
+    assert all(proof.ok for proof in sudoers.prove(text, sshd.user, found))
+    drop_in = sudoers.SUDOERS_DIR / f"sshadapter-test-{os.getpid()}"
+    drop_in.write_text(text)
+    drop_in.chmod(0o440)
+    try:
+        owner = "".join(f"{arg} " for arg in policy_owner_args())
+        sshd.authorize(
+            f'restrict,from="127.0.0.1",command="{dispatch} {owner}--log-socket '
+            f'{root / "log"} {policy_file}"'
+        )
+        yield sshd, registry, program, log
+    finally:
+        drop_in.unlink(missing_ok=True)
+
+
+async def run_all(sshd: Sshd, commands: list[str]) -> list[asyncssh.SSHCompletedProcess]:
+    async with asyncssh.connect(
+        "127.0.0.1",
+        sshd.port,
+        username=sshd.user,
+        client_keys=[str(sshd.client_key)],
+        known_hosts=str(sshd.known_hosts),
+        config=None,
+    ) as conn:
+        return [await conn.run(c, check=False, stdin=asyncssh.DEVNULL) for c in commands]
+
+
+def test_the_declared_root_operation_runs_as_root_through_sshd_and_sudo(installed: Any) -> None:
+    """The daemon's command for valid arguments runs the program as root with that argv."""
+    sshd, registry, _, _ = installed
+    op = registry.operations["restart"]
+    args = {"unit": "nginx.service", "mode": "slow"}
+    (result,) = asyncio.run(run_all(sshd, [op.command(args)]))
+    assert result.exit_status == 0, result.stderr
+    assert json.loads(result.stdout) == {"uid": 0, "args": op.argv.argv(args)[6:]}
+
+
+def quoted(argv: list[str]) -> str:
+    import shlex
+
+    return " ".join(shlex.quote(e) for e in argv)
+
+
+def test_anything_else_is_refused_by_the_dispatcher_and_by_sudo(installed: Any) -> None:
+    """Other arguments, another account, an undeclared program: the dispatcher and sudo refuse."""
+    sshd, registry, program, _ = installed
+    prefix = list(sudo_prefix("root"))
+    others = [
+        [*prefix, program, "restart", "nginx.service", "--mode=fast", "x"],
+        [*prefix, program, "restart", "nginx.service --mode=fast"],  # sudo's blind spot
+        [*prefix, program, "restart", "a b.service", "--mode=fast"],
+        [*prefix, program, "stop", "nginx.service", "--mode=fast"],
+        [*prefix, program, "restart", "nginx.service", "--mode=rude"],
+        [SUDO_PROGRAM, "-n", "-u", "nobody", "--", program, "restart", "a.service", "--mode=fast"],
+        [*prefix, "/usr/bin/id"],
+        [*prefix, "/bin/sh", "-c", "id"],
+        [program, "restart", "nginx.service", "--mode=fast"],  # status's shape: "status" differs
+    ]
+    results = asyncio.run(run_all(sshd, [quoted(argv) for argv in others]))
+    for argv, result in zip(others, results, strict=True):
+        assert result.exit_status == dispatcher.REFUSED_STATUS, argv
+        assert result.stdout == ""
+    # The account itself, without the dispatcher: sudo refuses all but its joined-string
+    # blind spot (one argument holding a space), which the dispatcher above refused.
+    for argv in [others[0], *others[2:8]]:
+        done = subprocess.run(
+            argv, user=sshd.user, capture_output=True, text=True, timeout=30, check=False
+        )
+        assert done.returncode == 1, (argv, done.stdout)
+        assert "a password is required" in done.stderr
+    blind = [SUDO_PROGRAM, "-n", "-l", "-U", sshd.user, *others[1][2:]]
+    assert subprocess.run(blind, capture_output=True, timeout=30).returncode == 0
+    declared = [*prefix, program, "restart", "nginx.service", "--mode=fast"]
+    done = subprocess.run(declared, user=sshd.user, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and json.loads(done.stdout)["uid"] == 0
