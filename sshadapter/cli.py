@@ -162,9 +162,9 @@ def _parser() -> argparse.ArgumentParser:
         "sudoers",
         help="print the sudoers drop-in of a dispatch host's or group's run_as operations",
         description="Print the sudoers drop-in for the dispatch account: one rule per "
-        "operation with run_as, the exact command and its arguments (docs/dispatcher.md "
-        '"Root operations"). --check proves it with this machine\'s visudo and sudo '
-        "(as root, where the account exists): examples allowed, mutations refused.",
+        "operation with run_as, the exact command and its arguments (see the dispatcher "
+        "reference, Root operations). --check proves it with this machine's visudo and "
+        "sudo (as root, where the account exists): examples allowed, mutations refused.",
     )
     _add_config(sudoers)
     sudoers.add_argument("target", metavar="TARGET", help="a host alias or a group")
@@ -535,7 +535,9 @@ def _cmd_sudoers(args: argparse.Namespace) -> int:
         passed, said = sudoers.visudo_check(text)
         proofs = sudoers.prove(text, accounts[0], found) if passed else []
     except (OSError, subprocess.SubprocessError) as exc:
-        print(f"sshadapter: sudoers --check: {exc} (it needs sudo, visudo and root)", file=sys.stderr)
+        print(
+            f"sshadapter: sudoers --check: {exc} (it needs sudo, visudo and root)", file=sys.stderr
+        )
         return EXIT_FAILED
     print(f"visudo -c: {'ok' if passed else 'FAILED'}: {said}", file=sys.stderr)
     if not passed:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -230,9 +231,7 @@ def test_sudoers_check_proves_the_drop_in_with_real_sudo(
 
 
 def rules_of(root: Path) -> list[sudoers.Rule]:
-    registry = load_registry(
-        root / "commands", root / "schemas", hosts=HOSTS, dispatch_hosts=HOSTS
-    )
+    registry = load_registry(root / "commands", root / "schemas", hosts=HOSTS, dispatch_hosts=HOSTS)
     return sudoers.rules(registry.operations.values())
 
 
@@ -322,18 +321,17 @@ def test_the_declared_root_operation_runs_as_root_through_sshd_and_sudo(installe
     args = {"unit": "nginx.service", "mode": "slow"}
     (result,) = asyncio.run(run_all(sshd, [op.command(args)]))
     assert result.exit_status == 0, result.stderr
+    assert isinstance(result.stdout, str)
     assert json.loads(result.stdout) == {"uid": 0, "args": op.argv.argv(args)[6:]}
 
 
 def quoted(argv: list[str]) -> str:
-    import shlex
-
     return " ".join(shlex.quote(e) for e in argv)
 
 
 def test_anything_else_is_refused_by_the_dispatcher_and_by_sudo(installed: Any) -> None:
     """Other arguments, another account, an undeclared program: the dispatcher and sudo refuse."""
-    sshd, registry, program, _ = installed
+    sshd, _, program, _ = installed
     prefix = list(sudo_prefix("root"))
     others = [
         [*prefix, program, "restart", "nginx.service", "--mode=fast", "x"],

@@ -242,7 +242,7 @@ class CommandFile(_Table):
     """
     run_as: Annotated[str, Field(pattern=ACCOUNT_NAME)] | None = None
     """The account the command runs as, through ``sudo -n -u ACCOUNT --`` on a dispatch host:
-    docs/operations.md "Root operations" (``sshadapter sudoers`` writes the host's rule)."""
+    docs/dispatcher.md "Root operations" (``sshadapter sudoers`` writes the host's rule)."""
     allow: Allow | None = None
     params: dict[Annotated[str, Field(pattern=PARAM_NAME)], dict[str, Any]] = {}
     output: OutputSection

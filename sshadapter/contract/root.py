@@ -1,6 +1,6 @@
 """Operations that run as another account (``run_as``): the sudo prefix, and the sudo rule.
 
-Reference: docs/operations.md "Root operations". The daemon sends
+Reference: docs/dispatcher.md "Root operations". The daemon sends
 ``/usr/bin/sudo -n -u ACCOUNT -- PROGRAM ARGS...`` (quoted once like any argv,
 argv.py), so the host's dispatcher and its sudoers drop-in both see exactly
 one known command. ``sshadapter sudoers`` writes the drop-in from
@@ -49,8 +49,16 @@ _ESCAPED: Final = _META | {"/", "-"}
 _ERE_META: Final = frozenset(".+")  # the VALUE_CHARACTERS a POSIX ERE reads specially
 # Bounds sudo's expression could not say beside a pattern (an enum's values are exact).
 _INEXACT_KEYWORDS: Final = frozenset(
-    {"minLength", "maxLength", "format", "minimum", "maximum", "exclusiveMinimum",
-     "exclusiveMaximum", "multipleOf"}
+    {
+        "minLength",
+        "maxLength",
+        "format",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+    }
 )
 _GROUP_NAME: Final = frozenset(string.ascii_letters + string.digits + "_")
 
@@ -102,7 +110,9 @@ class _Repeat:
 _Node = _Chars | _Seq | _Alt | _Repeat
 
 
-def root_command(file: str, account: str, spec_params: Mapping[str, Any], argv: ArgvTemplate) -> RootCommand:
+def root_command(
+    file: str, account: str, spec_params: Mapping[str, Any], argv: ArgvTemplate
+) -> RootCommand:
     """The sudo rule of an operation whose ``argv`` runs as ``account``, or ConfigError
     when sudo's matching could not say exactly what the command file allows."""
     program = argv.elements[0].literal
@@ -111,7 +121,8 @@ def root_command(file: str, account: str, spec_params: Mapping[str, Any], argv: 
             file, "argv[0]", "with run_as the program is an absolute path (sudoers matches it)"
         )
     languages = {
-        name: _param_language(file, f"params.{name}", schema) for name, schema in spec_params.items()
+        name: _param_language(file, f"params.{name}", schema)
+        for name, schema in spec_params.items()
     }
     seen: set[str] = set()
     parts: list[str] = []
@@ -152,7 +163,7 @@ def _element_tree(
             items.append(languages[text])
             continue
         bad = sorted(set(text) - VALUE_CHARACTERS)
-        if bad or not text and len(element.parts) == 1:
+        if bad or (not text and len(element.parts) == 1):
             raise ConfigError(
                 file,
                 f"argv[{index}]",
@@ -402,7 +413,8 @@ def _ere(node: _Node) -> str:
         inner = "|".join(_ere(branch) for branch in node.branches)
         return inner if len(node.branches) == 1 else f"({inner})"
     inner = _ere(node.node)
-    if not (isinstance(node.node, _Chars) or isinstance(node.node, _Alt) and len(node.node.branches) > 1):
+    alternation = isinstance(node.node, _Alt) and len(node.node.branches) > 1
+    if not (isinstance(node.node, _Chars) or alternation):
         inner = f"({inner})"
     if (node.low, node.high) == (0, None):
         return inner + "*"
@@ -428,4 +440,3 @@ def _example(node: _Node, largest: bool) -> str:
         count += MAX_EXAMPLE_REPEAT
         count = count if node.high is None else min(node.high, count)
     return "".join(_example(node.node, largest) for _ in range(count))
-
