@@ -289,8 +289,8 @@ def installed(sudo_host: tuple[Sshd, Path, Any], tmp_path: Path) -> Iterator[Any
     text = sudoers.drop_in("local", sshd.user, found, document["digest"])
     assert all(proof.ok for proof in sudoers.prove(text, sshd.user, found))
     drop_in = sudoers.SUDOERS_DIR / f"sshadapter-test-{os.getpid()}"
-    drop_in.write_text(text)
-    drop_in.chmod(0o440)
+    with os.fdopen(os.open(drop_in, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o440), "w") as out:
+        out.write(text)  # created 0440: sudo ignores a drop-in with any other mode
     try:
         owner = "".join(f"{arg} " for arg in policy_owner_args())
         sshd.authorize(
@@ -361,3 +361,38 @@ def test_anything_else_is_refused_by_the_dispatcher_and_by_sudo(installed: Any) 
     declared = [*prefix, program, "restart", "nginx.service", "--mode=fast"]
     done = subprocess.run(declared, user=sshd.user, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and json.loads(done.stdout)["uid"] == 0
+
+
+def test_sudoers_without_root_operations_or_programs_says_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No run_as operation: usage error; --check where the program is missing: a failure."""
+    plain = write_config(tmp_path / "a", {"look": command_file(ECHO, run_as=None)}, "adapter")
+    status, out, err = sudoers_cli(plain, capsys)
+    assert (status, out) == (2, "")
+    assert err == "sshadapter: no operation on local has run_as\n"
+    absent = write_config(tmp_path / "b", {"restart": command_file("/no/such/prog")}, "adapter")
+    status, out, err = sudoers_cli(absent, capsys, "--check")
+    assert status == 1
+    assert "Cmnd_Alias SSHADAPTER_RESTART = /no/such/prog ^restart" in out
+    assert err.count("\n") == 1 and "/no/such/prog not on this machine" in err
+
+
+def test_a_group_whose_members_log_in_as_two_accounts_gets_no_drop_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One drop-in serves one account: a group of two is a configuration error, in one line."""
+    text = command_file(ECHO).replace('host = "local"', 'targets = ["both"]')
+    config = write_config(tmp_path, {"restart": text}, "adapter")
+    config.write_text(
+        config.read_text().replace('user = "adapter"', 'user = "other"', 1)
+        + '[groups.both]\nmembers = ["local", "other"]\n'
+    )
+    status = cli_main(["sudoers", "both", "--config", str(config)])
+    out, err = capsys.readouterr()
+    assert (status, out) == (2, "")
+    assert err.count("\n") == 1
+    assert "groups.both: members log in as adapter, other" in err
+    config.write_text(config.read_text().replace('user = "other"', 'user = "adapter"'))
+    assert cli_main(["sudoers", "both", "--config", str(config)]) == 0
+    assert "adapter ALL = (root) NOPASSWD:NOEXEC: SSHADAPTER_RESTART" in capsys.readouterr().out

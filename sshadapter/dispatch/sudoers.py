@@ -167,9 +167,9 @@ def _written(text: str, directory: Path, prefix: str) -> Iterator[Path]:
     fd, name = tempfile.mkstemp(prefix=prefix, dir=directory)
     path = Path(name)
     try:
+        os.fchmod(fd, DROP_IN_MODE)  # before the text: sudo never sees it with other modes
         with os.fdopen(fd, "w") as out:
             out.write(text)
-        path.chmod(DROP_IN_MODE)
         yield path
     finally:
         path.unlink(missing_ok=True)
