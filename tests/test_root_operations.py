@@ -396,3 +396,20 @@ def test_a_group_whose_members_log_in_as_two_accounts_gets_no_drop_in(
     config.write_text(config.read_text().replace('user = "other"', 'user = "adapter"'))
     assert cli_main(["sudoers", "both", "--config", str(config)]) == 0
     assert "adapter ALL = (root) NOPASSWD:NOEXEC: SSHADAPTER_RESTART" in capsys.readouterr().out
+
+
+def test_a_group_with_one_member_without_the_dispatcher_refuses_run_as(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every host a root operation can reach runs the dispatcher, or the load fails, naming it."""
+    text = command_file(ECHO).replace('host = "local"', 'targets = ["both"]')
+    config = write_config(tmp_path, {"restart": text}, "adapter")
+    config.write_text(
+        config.read_text().replace("dispatch = true", "dispatch = false", 1)
+        + '[groups.both]\nmembers = ["local", "other"]\n'
+    )
+    status = cli_main(["check", "--config", str(config)])
+    out, err = capsys.readouterr()
+    assert (status, out) == (2, "")
+    assert "run_as: may run on 1 host(s) without the dispatcher (" in err
+    assert err.count("\n") == 1

@@ -94,6 +94,7 @@ def host_policies(
     mapping, which nobody may change).
     """
     aliases = sorted(registry.source.dispatch_hosts)
+    refuse_root_without_dispatcher(registry, inventory)
     placed = operations_by_host(registry.operations.values(), aliases, inventory)
     built: dict[str, dict[str, Any]] = {}
     sets: dict[tuple[str, ...], tuple[dict[str, Any], bytes]] = {}
@@ -106,6 +107,28 @@ def host_policies(
             shared = sets[key] = (entries, canonical_json(entries))
         documents[alias] = _document(alias, *shared)
     return documents
+
+
+def refuse_root_without_dispatcher(registry: Registry, inventory: Inventory | None) -> None:
+    """A ``run_as`` operation may run only on dispatch hosts, every one of its targets'
+    members: on a host without the dispatcher, the account's sudo rule alone would stand
+    between a stolen key and root, and sudo matches arguments as one joined string."""
+    dispatch = registry.source.dispatch_hosts
+    for op in registry.operations.values():
+        if op.root is None:
+            continue
+        hosts = {op.spec.host} if op.spec.host else set()
+        for target in op.spec.targets if inventory is not None else ():
+            hosts.update(inventory.members(target))  # type: ignore[union-attr]
+        outside = sorted(hosts - dispatch)
+        if outside:
+            shown = ", ".join(outside[:5]) + (" ..." if len(outside) > 5 else "")
+            raise ConfigError(
+                str(op.file),
+                "run_as",
+                f"may run on {len(outside)} host(s) without the dispatcher ({shown}): "
+                "a root operation runs only where `dispatch = true`",
+            )
 
 
 def group_policy(group: str, registry: Registry, inventory: Inventory) -> dict[str, Any]:
