@@ -16,12 +16,12 @@ from typing import Any, Final
 import jsonschema
 import orjson
 import pytest
+from daemon_harness import ROOT, Running, shipped_commands, with_daemon
 
 from sshadapter.config import ApprovalsSection, Config, HostSection, PathsSection
 from sshadapter.contract.commandfile import MAX_APPROVAL_TIMEOUT_SECONDS
 from sshadapter.daemon.server import load
 from sshadapter.errors import ConfigError
-from tests.daemon_harness import ROOT, Running, shipped_commands, with_daemon
 
 # The approver's processes run a Python every uid may execute (this test's may live under
 # /root), with this checkout and its libraries on the path.
@@ -161,7 +161,8 @@ def test_an_approved_call_runs_and_its_approval_is_audited_before_the_intent(
         assert answer == {"request_id": entry["request_id"], "decision": "approved"}
         result = await call
         assert result["outcome"] == "success" and result["request_id"] == entry["request_id"]
-        records = [r for r in running.audit_records() if r.get("request_id") == result["request_id"]]
+        mine = result["request_id"]
+        records = [r for r in running.audit_records() if r.get("request_id") == mine]
         assert [(r["type"], r.get("event")) for r in records] == [
             ("approval", "requested"),
             ("approval", "approved"),
@@ -265,7 +266,8 @@ def test_a_non_approver_gets_the_answer_of_an_unknown_op(tmp_path: Path, socket_
         entry = {"request_id": request_id}
         unknown = await running.ask({"op": "no_such_op"})
         del unknown["request_id"]
-        for message in ({"op": "approvals"}, decide(entry["request_id"]), deny(entry["request_id"])):
+        asks = ({"op": "approvals"}, decide(entry["request_id"]), deny(entry["request_id"]))
+        for message in asks:
             for answer in (await running.ask(message), await ask_as(APPROVER, running, message)):
                 del answer["request_id"]
                 assert answer == unknown
@@ -336,7 +338,7 @@ def test_shutdown_denies_pending_calls(tmp_path: Path, socket_dir: Path) -> None
 
 
 def test_the_cli_lists_and_approves_as_an_approver(tmp_path: Path, socket_dir: Path) -> None:
-    """`sshadapter approvals list|approve` run as the approver show the call in full, then run it."""
+    """`sshadapter approvals list|approve` as the approver show the call in full, then run it."""
     assert SYSTEM_PYTHON is not None
     cli = [SYSTEM_PYTHON, "-c", "import sys; from sshadapter.cli import main; sys.exit(main())"]
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), *LIBRARIES]), "PATH": "/usr/bin:/bin"}
@@ -380,11 +382,11 @@ def test_approval_needs_an_approver_and_a_bounded_timeout(tmp_path: Path) -> Non
         paths=PathsSection(commands=commands, schemas=ROOT / "schemas"),
         hosts={"ci": host, "local": host},
     )
-    with pytest.raises(ConfigError, match="approval.required: no approver"):
+    with pytest.raises(ConfigError, match=r"approval\.required: no approver"):
         load(config)
     load(config.model_copy(update={"approvals": ApprovalsSection(groups=("wheel",))}))
     approval_commands(tmp_path, timeout=MAX_APPROVAL_TIMEOUT_SECONDS + 1)
-    with pytest.raises(ConfigError, match="approval.timeout_seconds"):
+    with pytest.raises(ConfigError, match=r"approval\.timeout_seconds"):
         load(config.model_copy(update={"approvals": ApprovalsSection(uids=(APPROVER,))}))
 
 
