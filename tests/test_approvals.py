@@ -18,8 +18,9 @@ import orjson
 import pytest
 from daemon_harness import ROOT, Running, shipped_commands, with_daemon
 
-from sshadapter.config import ApprovalsSection, Config, HostSection, PathsSection
+from sshadapter.config import ApprovalsSection, Config, GroupSection, HostSection, PathsSection
 from sshadapter.contract.commandfile import MAX_APPROVAL_TIMEOUT_SECONDS
+from sshadapter.daemon.audit_verify import verify
 from sshadapter.daemon.server import load
 from sshadapter.errors import ConfigError
 
@@ -34,7 +35,8 @@ pytestmark = pytest.mark.skipif(
 APPROVER: Final = 65534  # nobody
 ME: Final = os.getuid()
 TOOL: Final = "job_rerun"
-CALL: Final = {"op": "call", "tool": TOOL, "args": {"project_id": "bluebird"}}
+ARGS: Final = {"project_id": "bluebird"}
+CALL: Final = {"op": "call", "tool": TOOL, "args": ARGS}
 COMMAND: Final = "ci-cli run status --json --project bluebird"
 DIGEST: Final = hashlib.sha256(COMMAND.encode()).hexdigest()
 # Connects as the approver from its own process: what SO_PEERCRED sees is that uid.
@@ -64,10 +66,15 @@ def socket_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def approval_commands(tmp_path: Path, timeout: float = 60.0, version: int = 1) -> Path:
-    """The shipped commands plus job_rerun: job_run_status's command, requiring approval."""
+def approval_commands(
+    tmp_path: Path, timeout: float = 60.0, version: int = 1, *, fleet: bool = False
+) -> Path:
+    """The shipped commands plus job_rerun: job_run_status's command, requiring approval
+    (``fleet``: on the targets of group `both`, instead of host `ci`)."""
     commands = shipped_commands(tmp_path)
     text = (commands / "job_run_status.toml").read_text()
+    if fleet:
+        text = text.replace('host = "ci"', 'targets = ["both"]\nfanout = { enabled = true }')
     text = text.replace("read_only = true", "read_only = false").replace(
         "version = 1", f"version = {version}"
     )
@@ -84,11 +91,13 @@ def run(
     timeout: float = 60.0,
     approvers: tuple[int, ...] = (APPROVER,),
     max_pending: int = 16,
+    fleet: bool = False,
 ) -> None:
     with_daemon(
         tmp_path,
         body,
-        commands=approval_commands(tmp_path, timeout),
+        commands=approval_commands(tmp_path, timeout, fleet=fleet),
+        groups={"both": GroupSection(members=("ci", "local"))},
         socket_dir=socket_dir,
         socket_mode=0o666,
         approvals=ApprovalsSection(uids=approvers, max_pending=max_pending),
@@ -172,11 +181,31 @@ def test_an_approved_call_runs_and_its_approval_is_audited_before_the_intent(
         assert records[1]["approver"]["uid"] == APPROVER and records[1]["digest"] == DIGEST
         assert records[2]["approval"] == {"approver": records[1]["approver"], "digest": DIGEST}
         check_schema(running.audit_records())
+        report = verify([running.audit_path])
+        assert report.ok and report.kinds["approval"] == 2
         metrics = running.daemon.metrics.exposition().decode()
         assert "sshadapter_approvals_pending 0.0" in metrics
         assert 'sshadapter_approvals_total{outcome="approved",tool="job_rerun"} 1.0' in metrics
 
     run(tmp_path, socket_dir, body)
+
+
+def test_a_fanout_is_approved_with_its_target_and_hosts(tmp_path: Path, socket_dir: Path) -> None:
+    """A call on a group shows its target and every host; approved, it runs on all of them."""
+
+    async def body(running: Running) -> None:
+        call = asyncio.create_task(running.ask({**CALL, "args": {**ARGS, "run_on": "both"}}))
+        [entry] = await pending(running)
+        assert (entry["target"], entry["hosts"]) == ("both", ["ci", "local"])
+        assert "host" not in entry and entry["arguments"] == {"project_id": "bluebird"}
+        await ask_as(APPROVER, running, decide(entry["request_id"]))
+        result = await call
+        assert result["outcome"] == "success" and result["data"]["succeeded"] == 2
+        [intent] = [r for r in running.audit_records() if r["type"] == "intent"]
+        assert intent["approval"]["approver"]["uid"] == APPROVER
+        check_schema(running.audit_records())
+
+    run(tmp_path, socket_dir, body, fleet=True)
 
 
 def test_a_denied_call_is_denied_and_nothing_runs(tmp_path: Path, socket_dir: Path) -> None:
