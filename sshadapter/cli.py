@@ -1,5 +1,5 @@
 """The command line: ``sshadapter serve | call | list | mcp | check | schema | policy |
-sudoers | dispatcher | demo | audit | inventory | grants``.
+sudoers | dispatcher | demo | audit | inventory | grants | approvals``.
 
 Exit status: 0 success, 1 a check missed or a call failed, 2 a usage or
 configuration error. An operator's mistake is one line naming the file, the
@@ -214,6 +214,8 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("target", metavar="TARGET")
     explain.set_defaults(handler=_cmd_grants_explain)
 
+    _add_approvals(sub)
+
     schema = sub.add_parser("schema", help="print a tool's published envelope schema")
     _add_config(schema)
     schema.add_argument("tool")
@@ -274,6 +276,36 @@ def _add_import(inventory_sub: Any) -> None:
         )
         source.add_argument("--force", action="store_true", help="replace an existing file")
         source.set_defaults(handler=_cmd_inventory_import)
+
+
+def _add_approvals(sub: Any) -> None:
+    """`sshadapter approvals list | approve REQUEST_ID | deny REQUEST_ID` (approvers only)."""
+    approvals = sub.add_parser(
+        "approvals",
+        help="list, approve or deny calls waiting for a person (configured approvers only)",
+        description="Calls of operations with `[approval] required = true` wait here. Only "
+        "the [approvals] uids and groups are answered, never for their own calls; anyone "
+        "else is told the request is unknown. Exit 0: done, 1: refused or not an approver.",
+    )
+    approvals_sub = approvals.add_subparsers(
+        dest="approvals_command", metavar="COMMAND", required=True
+    )
+    list_ = approvals_sub.add_parser("list", help="every pending call, in full")
+    _add_socket(list_)
+    list_.set_defaults(handler=_cmd_approvals_list)
+    for verb, text in (("approve", "run"), ("deny", "refuse")):
+        decide = approvals_sub.add_parser(
+            verb, help=f"show one pending call in full, then {text} it (this call only)"
+        )
+        decide.add_argument("request_id", metavar="REQUEST_ID")
+        if verb == "approve":
+            decide.add_argument(
+                "--digest",
+                metavar="HEX",
+                help="approve only if the pending command's sha256 is this one (as listed)",
+            )
+        _add_socket(decide)
+        decide.set_defaults(handler=_cmd_approvals_decide, verb=verb)
 
 
 def _add_config(parser: argparse.ArgumentParser) -> None:
@@ -366,6 +398,71 @@ def _cmd_call(args: argparse.Namespace) -> int:
 
 def _cmd_list(args: argparse.Namespace) -> int:
     return _print_response({"op": "list"}, args.socket, ok=lambda r: "tools" in r)
+
+
+def _pending(socket_path: Path) -> list[dict[str, Any]] | None:
+    """The pending calls, or None (after saying so) when the daemon does not answer us as an
+    approver."""
+    try:
+        answer = client.request(socket_path, {"op": "approvals"})
+    except client.ClientError as exc:
+        print(f"sshadapter: {exc}", file=sys.stderr)
+        return None
+    if not isinstance(answer, dict) or not isinstance(answer.get("approvals"), list):
+        print("sshadapter: refused: not an approver ([approvals] uids, groups)", file=sys.stderr)
+        return None
+    return list(answer["approvals"])
+
+
+def _show_pending(entry: dict[str, Any]) -> None:
+    where = (
+        f"target {entry['target']} ({', '.join(entry['hosts'])})"
+        if "target" in entry
+        else f"host {entry['host']}"
+    )
+    caller = entry["caller"]
+    print(f"{entry['request_id']}  {entry['tool']}  {where}")
+    print(f"  caller     uid {caller['uid']} gid {caller['gid']} pid {caller['pid']}")
+    print(f"  arguments  {orjson.dumps(entry['arguments']).decode()}")
+    print(f"  command    {entry['command']}")
+    print(f"  sha256     {entry['digest']}")
+    print(f"  expires    {entry['expires']}")
+
+
+def _cmd_approvals_list(args: argparse.Namespace) -> int:
+    pending = _pending(args.socket)
+    if pending is None:
+        return EXIT_FAILED
+    for entry in pending:
+        _show_pending(entry)
+    if not pending:
+        print("no call waits for approval")
+    return EXIT_OK
+
+
+def _cmd_approvals_decide(args: argparse.Namespace) -> int:
+    pending = _pending(args.socket)
+    if pending is None:
+        return EXIT_FAILED
+    entry = next((e for e in pending if e.get("request_id") == args.request_id), None)
+    if entry is None:
+        print(f"sshadapter: no call waits under {args.request_id}", file=sys.stderr)
+        return EXIT_FAILED
+    _show_pending(entry)  # exactly what is approved or denied
+    message: dict[str, Any] = {"op": args.verb, "request_id": args.request_id}
+    if args.verb == "approve":
+        message["digest"] = args.digest or entry["digest"]
+    try:
+        answer = client.request(args.socket, message)
+    except client.ClientError as exc:
+        print(f"sshadapter: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if not isinstance(answer, dict) or "decision" not in answer:
+        refused = answer.get("refused") if isinstance(answer, dict) else None
+        print(f"sshadapter: refused: {refused or 'not an approver'}", file=sys.stderr)
+        return EXIT_FAILED
+    print(answer["decision"])
+    return EXIT_OK
 
 
 def _print_response(message: dict[str, object], socket_path: Path, ok: Any) -> int:

@@ -16,7 +16,8 @@ from sshadapter.strict_json import strict_loads
 
 DEFAULT_SOCKET: Final = Path("/run/sshadapter/sshadapter.sock")
 MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024  # above any tool's max_bytes plus the envelope
-CLIENT_TIMEOUT_SECONDS: Final = 900.0  # longer than any operation's retry budget
+# Longer than the longest approval wait (600 s) plus the longest retry budget (600 s).
+CLIENT_TIMEOUT_SECONDS: Final = 1800.0
 
 
 class ClientError(Exception):

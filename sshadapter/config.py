@@ -94,6 +94,11 @@ DEFAULT_IDLE_CLOSE_SECONDS: Final = 300.0
 # SSH handshakes in flight, all hosts together: key exchange is CPU on both ends, so on two
 # cores more at once only queue, and 1,000 at once would each hit its connect timeout.
 DEFAULT_CONNECT_CONCURRENCY: Final = 32
+# Calls waiting for a person's approval at once (docs/protocol.md "Approval"): a person
+# reviews a handful; more is an agent looping on a refused change, and each waiting call
+# holds its agent connection. Past it: OVERLOADED (approvals_full) without asking anyone.
+DEFAULT_MAX_PENDING_APPROVALS: Final = 16
+MAX_PENDING_APPROVALS: Final = 1024
 
 
 class _Section(BaseModel):
@@ -247,6 +252,16 @@ class Grant(_Section):
     targets: tuple[Annotated[str, Field(pattern=TARGET_NAME)], ...] = Field(min_length=1)
 
 
+class ApprovalsSection(_Section):
+    """Who may approve or deny calls that wait for a person (docs/protocol.md "Approval")."""
+
+    uids: tuple[Annotated[int, Field(ge=0)], ...] = ()
+    groups: tuple[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")], ...] = ()
+    max_pending: Annotated[int, Field(ge=1, le=MAX_PENDING_APPROVALS)] = (
+        DEFAULT_MAX_PENDING_APPROVALS
+    )
+
+
 class PoolSection(_Section):
     """The SSH connections of all hosts together (docs/operations.md "SSH")."""
 
@@ -265,6 +280,7 @@ class ConfigFile(_Section):
     audit: AuditSection = AuditSection()
     metrics: MetricsSection = MetricsSection()
     pool: PoolSection = PoolSection()
+    approvals: ApprovalsSection = ApprovalsSection()
     host_defaults: HostDefaults = HostDefaults()  # type: ignore[valid-type]
     hosts: dict[Annotated[str, Field(pattern=TARGET_NAME)], HostSection] = {}
     groups: dict[Annotated[str, Field(pattern=TARGET_NAME)], GroupSection] = {}

@@ -4,6 +4,7 @@
     ├── ConfigError       the operator: a config file, command file, schema or fixture is wrong
     ├── RequestError      the caller: an unparseable request, unknown tool, bad arguments
     │   └── DeniedError   the caller may not call this tool
+    ├── ApprovalError     no person approved this call (denied, timed out, invalidated)
     ├── UpstreamError     the remote side: cannot connect, timeout, channel failure
     ├── DispatchRefusal   the remote side's policy: the host's dispatcher will not run it
     ├── EvidenceError     the output: anything wrong with the bytes that came back
@@ -33,6 +34,7 @@ from sshadapter.strict_json import REASONS as JSON_REASONS
 Stage = Literal[
     "request",
     "authorize",
+    "approval",
     "transport",
     "exit",
     "parse",
@@ -49,6 +51,7 @@ EVIDENCE_STAGES: Final[tuple[Stage, ...]] = ("exit", "parse", "extract", "schema
 STAGES: Final[tuple[Stage, ...]] = (
     "request",
     "authorize",
+    "approval",
     "transport",
     *EVIDENCE_STAGES,
     "admission",
@@ -141,10 +144,34 @@ DISPATCH_REASONS: Final[dict[str, frozenset[str]]] = {
     "exit": frozenset({"remote_refused"}),  # the host's dispatcher refused it, ran nothing
 }
 
+# Why a call that needs a person's approval did not run (stage `approval`): all DENIED,
+# never retryable (docs/protocol.md "Approval").
+APPROVAL_REASONS: Final = frozenset(
+    {
+        "approval_denied",  # an approver denied it
+        "approval_timeout",  # nobody decided within its [approval] timeout_seconds
+        "approval_invalidated",  # a reload changed the operation, its target or its caller
+        "approval_cancelled",  # the daemon shut down while it waited
+        "approval_mismatch",  # the command about to run is not the one approved (a bug)
+    }
+)
+
+# Why an approver's `approve` or `deny` was refused: its answer's `refused`, and the
+# `reason` of an `approval` record of event `refused` (docs/audit.md "approval").
+APPROVER_REFUSALS: Final = frozenset(
+    {
+        "not_pending",  # no call waits under this request id: never was, decided, or timed out
+        "own_call",  # the approver is the call's own caller (same uid)
+        "digest_mismatch",  # the digest sent is not the pending command's
+        "not_recorded",  # the decision could not be made durable: the call does not run
+    }
+)
+
 # Why the daemon itself could not answer (stages admission, audit, internal, shutdown).
 DAEMON_REASONS: Final = frozenset(
     {
         "overloaded",  # admission: every slot busy and the queue full
+        "approvals_full",  # admission: [approvals] max_pending calls already wait
         "intent_not_written",  # audit: the command was not run
         "result_not_written",  # audit: the command ran; its answer is withheld
         "bug",  # internal: an exception nothing maps; logged with its traceback
@@ -246,7 +273,25 @@ class DaemonError(SshadapterError):
 
 
 class OverloadedError(DaemonError):
-    """Every call slot is busy and the queue is full."""
+    """Every call slot is busy and the queue is full (``overloaded``), or too many calls
+    already wait for a person's approval (``approvals_full``)."""
+
+    def __init__(self, reason: str = "overloaded") -> None:
+        if reason not in DAEMON_REASONS:
+            raise ValueError(f"unknown admission reason {reason}")  # a bug, not input
+        self.reason = reason
+        super().__init__(f"admission/{reason}")
+
+
+class ApprovalError(SshadapterError):
+    """The call needs a person's approval and did not get it: DENIED, never retryable."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        if reason not in APPROVAL_REASONS:
+            raise ValueError(f"unknown approval reason {reason}")  # a bug, not input
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"approval/{reason}: {detail}" if detail else f"approval/{reason}")
 
 
 class AuditError(DaemonError):
@@ -300,8 +345,10 @@ def failure_of(exc: BaseException) -> Failure:
             exc.schema_path,
             exc.instance_path,
         )
+    if isinstance(exc, ApprovalError):
+        return Failure("DENIED", False, "approval", exc.reason, exc.detail)
     if isinstance(exc, OverloadedError):
-        return Failure("OVERLOADED", True, "admission", "overloaded")
+        return Failure("OVERLOADED", True, "admission", exc.reason)
     if isinstance(exc, AuditError):
         return Failure("INTERNAL", False, "audit", exc.reason, exc.detail)
     if isinstance(exc, asyncio.CancelledError):  # cut by the drain deadline on shutdown

@@ -14,6 +14,7 @@ import orjson
 
 from sshadapter.config import (
     Allow,
+    ApprovalsSection,
     AuditSection,
     Config,
     Grant,
@@ -107,6 +108,7 @@ def with_daemon(
     groups: Mapping[str, GroupSection] | None = None,
     grants: tuple[Grant, ...] = (),
     pool: PoolSection | None = None,
+    approvals: ApprovalsSection | None = None,
     **server: Any,
 ) -> None:
     """Start a daemon, run ``body`` against it, stop it (draining), all in one event loop.
@@ -115,7 +117,8 @@ def with_daemon(
     runner (default: the scripted job runner; ``ssh=True``: the production SSH runner).
     ``dispatch_hosts`` are `dispatch = true`; ``dispatch_clock`` is their policy monitor's;
     ``pool`` is the `[pool]` section (`warm` hosts are connected, and checked, at start);
-    ``groups`` and ``grants`` are the configuration's `[groups]` and `[[grants]]`.
+    ``groups`` and ``grants`` are the configuration's `[groups]` and `[[grants]]`;
+    ``approvals`` its `[approvals]`.
     """
 
     commands = commands or shipped_commands(tmp_path)
@@ -151,6 +154,7 @@ def with_daemon(
             ),
             groups=dict(groups or {}),
             grants=grants,
+            approvals=approvals or ApprovalsSection(),
         )
         use = None if ssh else runner or job_runner()
         daemon = assemble(

@@ -61,6 +61,13 @@ DEFAULT_FANOUT_DEADLINE_SECONDS: Final = 60.0  # an agent waits a minute for a f
 # an agent host such as Claude Code accepts from one tool result by default.
 DEFAULT_FANOUT_MAX_RESULTS: Final = 100
 MAX_FANOUT_RESULTS: Final = 1000
+# How long a call waits for a person's approval (docs/command-files.md "approval"). Five
+# minutes for someone to read the command; at most ten, the wait tufantunc/ssh-mcp
+# settled on after 60 s expired under people reading the prompt (its issue #91), and
+# below the CLI client's CLIENT_TIMEOUT_SECONDS. At least a second: a person is slower.
+DEFAULT_APPROVAL_TIMEOUT_SECONDS: Final = 300.0
+MIN_APPROVAL_TIMEOUT_SECONDS: Final = 1.0
+MAX_APPROVAL_TIMEOUT_SECONDS: Final = 600.0
 
 
 class _Table(BaseModel):
@@ -222,6 +229,15 @@ class FanoutSection(_Table):
     """The agent may also name one member host of a listed group."""
 
 
+class ApprovalSection(_Table):
+    """A person approves each call before it runs: docs/command-files.md "approval"."""
+
+    required: bool = False
+    timeout_seconds: Annotated[
+        float, Field(ge=MIN_APPROVAL_TIMEOUT_SECONDS, le=MAX_APPROVAL_TIMEOUT_SECONDS)
+    ] = DEFAULT_APPROVAL_TIMEOUT_SECONDS
+
+
 TargetName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")]
 
 
@@ -249,6 +265,7 @@ class CommandFile(_Table):
     checks: Checks = Checks()
     agent: AgentSection
     retry: RetrySection = RetrySection()
+    approval: ApprovalSection = ApprovalSection()
 
     @property
     def multi(self) -> bool:

@@ -142,6 +142,7 @@ def assemble(
         inventory=loaded.inventory,
         grants=loaded.grants,
         max_fanout_hosts_in_flight=config.server.max_fanout_hosts_in_flight,
+        approvals=config.approvals,
     )
     return Daemon(
         config,

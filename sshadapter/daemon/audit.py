@@ -374,8 +374,10 @@ class AuditLog:
 
 
 def _not_written(record: Mapping[str, Any]) -> str:
-    """The reason an append of ``record`` fails with: the command did or did not run."""
-    return "intent_not_written" if record.get("type") == "intent" else "result_not_written"
+    """The reason an append of ``record`` fails with: the command did or did not run (an
+    approval record is written before its command may run)."""
+    ran = record.get("type") not in ("intent", "approval")
+    return "result_not_written" if ran else "intent_not_written"
 
 
 def _last_line(fd: int) -> tuple[bytes | None, bool]:

@@ -49,7 +49,7 @@ _READ_CHUNK_BYTES: Final = 1024 * 1024  # how an over-long line is skipped
 # The most of one untrusted value the report prints: enough to recognise it, never
 # a screenful of whatever a tamperer wrote.
 SHOWN_CHARS: Final = 80
-KINDS: Final = ("start", "intent", "result")
+KINDS: Final = ("start", "intent", "result", "approval")
 _HASH = re.compile(r"[0-9a-f]{64}")
 # The fields a record must have, with their types, beyond `type` and `prev`: those
 # the report reads. Everything else is covered by the hash chain only.
@@ -57,6 +57,7 @@ _FIELDS: Final[dict[str, tuple[tuple[str, type], ...]]] = {
     "start": (),
     "intent": (("request_id", str), ("tool", str), ("time", str)),
     "result": (("request_id", str), ("attempts", list)),
+    "approval": (("request_id", str),),
 }
 _TYPE_NAMES: Final[dict[type, str]] = {str: "a string", list: "an array"}
 # logrotate's names for rotated files: `audit.jsonl.1` (the default, newest first) and

@@ -146,6 +146,18 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.approvals_pending = Gauge(
+            "sshadapter_approvals_pending",
+            "Calls waiting for a person's approval ([approvals] max_pending bounds them).",
+            registry=r,
+        )
+        self.approvals = Counter(
+            "sshadapter_approvals",
+            "Approvals ended, by outcome (approvals.OUTCOMES); refused: an approver's request "
+            "that decided nothing, or a call over max_pending.",
+            ["tool", "outcome"],
+            registry=r,
+        )
         self.reloads = Counter(
             "sshadapter_reloads", "Reloads of commands and schemas.", ["result"], registry=r
         )

@@ -18,7 +18,7 @@ from sshadapter.contract.evaluate import Verdict
 from sshadapter.contract.registry import Operation
 from sshadapter.daemon.audit import now_text
 from sshadapter.daemon.authorize import Peer
-from sshadapter.errors import UpstreamError, failure_of
+from sshadapter.errors import ApprovalError, UpstreamError, failure_of
 from sshadapter.inventory import host_set_digest
 from sshadapter.runners.interface import RunResult
 
@@ -47,6 +47,36 @@ class Evidence:
             len(run.stderr),
             hashlib.sha256(run.stderr).hexdigest(),
         )
+
+
+def command_digest(command: str) -> str:
+    """The digest an approver approves: sha256 of the exact remote command, hex."""
+    return hashlib.sha256(command.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """Who approved a call's command (docs/protocol.md "Approval"), kept with the call
+    until its intent records it."""
+
+    approver: Peer
+    """The approver, from the kernel (SO_PEERCRED)."""
+    digest: str
+    """``command_digest`` of the command approved: the command about to run must have it."""
+
+    def check(self, command: str) -> None:
+        """Refuse to run anything but the approved command (asked before each intent)."""
+        if command_digest(command) != self.digest:
+            raise ApprovalError("approval_mismatch", "the command is not the one approved")
+
+    def record(self) -> dict[str, Any]:
+        """The intent's ``approval`` field."""
+        return {"approver": who(self.approver), "digest": self.digest}
+
+
+def who(peer: Peer) -> dict[str, int]:
+    """A process as records name it: ``uid``, ``gid`` (primary) and ``pid``."""
+    return {"uid": peer.uid, "gid": peer.gid, "pid": peer.pid}
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +211,8 @@ class CallRecord(_Attempts):
     """Its hosts, sorted, once stage 3 resolved them."""
     runs: dict[str, HostRun] = field(default_factory=dict)
     """A fan-out's hosts, each with its attempts and verdict."""
+    approval: Approval | None = None
+    """Who approved its command, for an operation that requires approval."""
 
     def _common(self, kind: str) -> dict[str, Any]:
         common = {
@@ -188,7 +220,7 @@ class CallRecord(_Attempts):
             "time": now_text(),
             "request_id": self.request_id,
             **self.op.audit_fields,
-            "caller": {"uid": self.peer.uid, "gid": self.peer.gid, "pid": self.peer.pid},
+            "caller": who(self.peer),
             "command": self.command,
         }
         if self.op.multi:
@@ -198,8 +230,12 @@ class CallRecord(_Attempts):
         return common
 
     def intent(self) -> dict[str, Any]:
-        """The intent record of the next attempt (a fan-out's one intent: attempt 1)."""
-        return {**self._common("intent"), "attempt": len(self.attempts) + 1}
+        """The intent record of the next attempt (a fan-out's one intent: attempt 1), with
+        who approved it when the operation requires approval."""
+        record = {**self._common("intent"), "attempt": len(self.attempts) + 1}
+        if self.approval is not None:
+            record["approval"] = self.approval.record()
+        return record
 
     def result(self, verdict: Verdict) -> dict[str, Any]:
         """The result record of a sealed verdict: what the caller was told, and why."""

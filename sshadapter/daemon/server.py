@@ -192,6 +192,7 @@ class Daemon:
         systemd.notify("STOPPING=1")
         if self._server is not None:
             self._server.close()  # stop accepting; connections already open keep going
+        self.service.end_approvals()  # pending approvals survive nothing: denied, audited
         for conn in self._connections.values():
             # No more bytes from any client; what is already buffered is still read (and
             # answered OVERLOADED), then each connection sees the end and closes.
@@ -444,6 +445,7 @@ def load(config: Config) -> Loaded:
         dispatch_groups=policy.dispatch_groups(config, inventory),
     )
     check_grants(config, inventory, registry)
+    check_approvers(config, registry)
     return Loaded(registry, policy.host_policies(registry, inventory), inventory, config.grants)
 
 
@@ -459,3 +461,17 @@ def check_grants(config: Config, inventory: Inventory, registry: Registry) -> No
                 raise ConfigError(
                     where, f"grants[{i}].targets", f"{target!r} is no host alias and no group"
                 )
+
+
+def check_approvers(config: Config, registry: Registry) -> None:
+    """An operation that requires approval needs someone who may give it, or ConfigError:
+    otherwise each of its calls would wait its whole timeout, then be denied."""
+    if config.approvals.uids or config.approvals.groups:
+        return
+    for op in registry.operations.values():
+        if op.spec.approval.required:
+            raise ConfigError(
+                str(op.file),
+                "approval.required",
+                "no approver: [approvals] names no uid and no group",
+            )

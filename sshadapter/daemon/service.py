@@ -18,6 +18,7 @@ import bisect
 import contextlib
 import hashlib
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -27,11 +28,12 @@ from typing import Any, Final
 
 import orjson
 
-from sshadapter.config import DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT, Allow, Grant
+from sshadapter.config import DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT, Allow, ApprovalsSection, Grant
 from sshadapter.contract import envelope
 from sshadapter.contract.codes import SYSTEM_TOOL, TARGET_ARGUMENT
 from sshadapter.contract.evaluate import Sealed, Verdict, seal_line
 from sshadapter.contract.registry import Operation, Registry
+from sshadapter.daemon.approvals import APPROVER_OPS, Approvals
 from sshadapter.daemon.audit import AuditLog
 from sshadapter.daemon.authorize import Peer
 from sshadapter.daemon.drift import PolicyMonitor
@@ -61,7 +63,13 @@ _REQUEST_KEYS: Final = {
     "call": {"op", "tool", "args"},
     "list": {"op"},
     "targets": {"op", "tool", "after"},
+    # approvers only (approvals.APPROVER_OPS); anyone else: `unknown_op`
+    "approvals": {"op"},
+    "approve": {"op", "request_id", "digest"},
+    "deny": {"op", "request_id"},
 }
+_REQUEST_ID: Final = re.compile(r"req\.[0-9a-f]{20}")
+_DIGEST: Final = re.compile(r"[0-9a-f]{64}")
 # `run_on` is published as an enum up to this many choices (groups are few; ~16 bytes
 # each): past it, a pattern and the paged `targets` listing, so that one tool's schema
 # stays small for the agent host (an enum of 1,000 aliases is ~16 KB per tool).
@@ -82,6 +90,10 @@ class Request:
     args: Mapping[str, Any] = field(default_factory=dict)
     after: str = ""
     """`targets` only: the last name of the previous page."""
+    request_id: str = ""
+    """`approve` and `deny`: the pending call's request id."""
+    digest: str = ""
+    """`approve`: the sha256 of the command the approver was shown."""
 
 
 class Admission:
@@ -104,19 +116,27 @@ class Admission:
             self.admitted -= 1
 
 
-def receive(line: bytes, max_bytes: int) -> Request:
-    """Stage 1: one request line, parsed by the same strict parser as results."""
+def receive(line: bytes, max_bytes: int, approver: bool = False) -> Request:
+    """Stage 1: one request line, parsed by the same strict parser as results. The
+    approvers' ops exist only for an ``approver``."""
     try:
         value = strict_loads(line, max_bytes=max_bytes, max_depth=REQUEST_MAX_DEPTH)
     except StrictJSONError as exc:
         raise RequestError(f"json_{exc.reason}", exc.detail) from exc
     op = value.get("op") if isinstance(value, dict) else None
-    if not isinstance(op, str) or op not in _REQUEST_KEYS:
+    if not isinstance(op, str) or op not in _REQUEST_KEYS or (op in APPROVER_OPS and not approver):
         raise RequestError("unknown_op")
     if value.keys() - _REQUEST_KEYS[op]:
         raise RequestError("unknown_request_key")
-    if op == "list":
-        return Request("list")
+    if op in ("list", "approvals"):
+        return Request(op)
+    if op in ("approve", "deny"):
+        request_id, digest = value.get("request_id"), value.get("digest", "")
+        if not isinstance(request_id, str) or not _REQUEST_ID.fullmatch(request_id):
+            raise RequestError("malformed_call")
+        if op == "approve" and not (isinstance(digest, str) and _DIGEST.fullmatch(digest)):
+            raise RequestError("malformed_call")
+        return Request(op, request_id=request_id, digest=digest)
     if op == "targets":
         tool, after = value.get("tool"), value.get("after", "")
         if not isinstance(tool, str) or not isinstance(after, str) or len(after) > 63:
@@ -150,6 +170,7 @@ class Service:
         inventory: Inventory | None = None,
         grants: tuple[Grant, ...] = (),
         max_fanout_hosts_in_flight: int = DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT,
+        approvals: ApprovalsSection | None = None,
     ) -> None:
         self.runner = runner
         self.judge = judge or Judge(workers=0)
@@ -176,6 +197,8 @@ class Service:
             op.spec.host for op in registry.operations.values() if op.spec.host
         )
         self.access = Access(registry, self.inventory, grants, default_allow)
+        self.approvals = Approvals(approvals or ApprovalsSection(), audit, self.metrics)
+        """Calls waiting for a person, and who may decide them (docs/protocol.md "Approval")."""
         self.install(registry)
 
     def install(
@@ -199,15 +222,36 @@ class Service:
                 log.warning("%s: %s: %s", op.file, key, text)
         self.registry = registry
         self.judge.start(registry)
+        self.approvals.end("invalidated", self._unchanged)
+
+    def _unchanged(self, call: CallRecord) -> bool:
+        """Whether a call waiting for approval would still run the same way after a reload:
+        the same operation file and schema, the same hosts, the same caller's right."""
+        op = self.registry.get(call.op.name)
+        if op is None or op.audit_fields != call.op.audit_fields:
+            return False
+        choices = self.access.choices(op, call.peer)
+        if not op.multi:
+            return bool(choices)
+        return call.target in choices and self.inventory.members(call.target) == call.hosts
+
+    def end_approvals(self) -> None:
+        """The drain: every call waiting for approval is denied (`approval_cancelled`)."""
+        self.approvals.end("cancelled")
 
     async def handle(self, line: bytes, peer: Peer) -> bytes:
         """One request line in, one response line out (newline included); never raises."""
         request_id = envelope.new_request_id()
         started = time.monotonic()
         try:
-            request = receive(line, self.max_request_bytes)  # 1
+            request = receive(line, self.max_request_bytes, self.approvals.admits(peer))  # 1
             if request.op == "list":
                 return _line({"tools": self.tools_for(peer), "digest": self.list_digest})
+            if request.op == "approvals":
+                return _line(self.approvals.listing())
+            if request.op in ("approve", "deny"):
+                digest = request.digest if request.op == "approve" else None
+                return _line(await self.approvals.decide(peer, request.request_id, digest))
             op = self.registry.get(request.tool)
             if op is None:
                 raise RequestError("unknown_tool")
@@ -307,6 +351,8 @@ class Service:
             args = self._target(call, args, choices)  # 3: which hosts
         call.op.check_args(args)  # 3
         call.command = call.op.command(args)  # 3: refuses what no remote command can receive
+        if call.op.spec.approval.required:
+            call.approval = await self.approvals.wait(call, args)  # 3: a person approves it
         if call.op.multi:
             with self.admission.ticket() as slots:
                 async with slots:
@@ -361,6 +407,8 @@ class Service:
         concurrency, and the daemon's hosts in flight. A host that fails, fails alone."""
         op, fanout = call.op, call.op.spec.fanout
         call.runs = {host: HostRun(host) for host in call.hosts}
+        if call.approval is not None:
+            call.approval.check(call.command)  # what runs is what was approved
         await self.audit.append(call.intent())  # 4: durable before the first exec
         mine = asyncio.Semaphore(fanout.concurrency)
         # One host is a single call, wherever it was named: it takes no fan-out slot, so it
@@ -430,6 +478,8 @@ class Service:
         deadline = time.monotonic() + retry.budget_seconds
         while True:
             if record is call:
+                if call.approval is not None:
+                    call.approval.check(call.command)  # what runs is what was approved
                 await self.audit.append(call.intent())  # 4
             attempt = record.begin_attempt()
             try:
