@@ -182,9 +182,9 @@ class MetricsSection(_Section):
 class HostSection(_Section):
     @model_validator(mode="after")
     def _one_certified_key(self) -> HostSection:
-        if self.certificate is not None and self.credential_certificate:
+        if self.certificate and self.credential_certificate:
             raise ValueError("certificate and credential_certificate: give one")
-        if (self.certificate is not None or self.credential_certificate) and (
+        if (self.certificate or self.credential_certificate) and (
             len(self.client_keys) + bool(self.credential) != 1
         ):
             raise ValueError(
@@ -199,7 +199,7 @@ class HostSection(_Section):
     credential: str = ""  # a systemd credential name, read from $CREDENTIALS_DIRECTORY
     # An OpenSSH user certificate for the one key (docs/operations.md "User certificates"):
     # a file, or a systemd credential; then only the certificate is offered.
-    certificate: Path | None = None
+    certificate: str = ""  # a file; empty: none (TOML has no null for [host_defaults])
     credential_certificate: str = ""
     known_hosts: Path
     connect_timeout_seconds: Annotated[float, Field(gt=0)] = DEFAULT_CONNECT_TIMEOUT_SECONDS

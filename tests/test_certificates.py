@@ -24,8 +24,9 @@ from sshd import Sshd, generate_key, require_sshd, running_sshd
 from test_ssh_runner import run_one, upstream_error, with_runner
 
 from sshadapter.cli import main as cli_main
-from sshadapter.config import ConfigError, HostSection, load_config
+from sshadapter.config import HostSection, load_config
 from sshadapter.daemon.metrics import Metrics
+from sshadapter.errors import ConfigError
 
 PRINCIPAL: Final = "sshadapter-ci"  # the user certificates' principal, in the principals file
 FORCED: Final = "forced-by-principals-file"  # what the principals file's command= prints
@@ -149,15 +150,17 @@ def test_a_user_certificate_authenticates_and_the_principals_command_runs(
 ) -> None:
     """The key with its certificate logs in; the principals file's command= runs, not ours."""
     cert = host.user_certificate("valid", validity="-5m:+1h")
-    section = host.section(client_keys=(cert.parent / "valid",), certificate=cert)
+    section = host.section(client_keys=(cert.parent / "valid",), certificate=str(cert))
     assert run_one(section, "echo not-this").stdout == f"{FORCED}\n".encode()
 
 
 def test_a_certificate_the_host_refuses_is_a_clear_failure(host: CertHost) -> None:
-    """A valid certificate for a principal the host does not list: refused, never retried;
-    the bare key (which authorized_keys accepts) is not tried after it."""
+    """A valid certificate for a principal the host does not list is refused, never retried.
+
+    The bare key, which authorized_keys accepts, is not tried after it."""
     cert = host.user_certificate("stranger", validity="-5m:+1h", principal="someone-else")
-    error = upstream_error(host.section(client_keys=(cert.parent / "stranger",), certificate=cert))
+    section = host.section(client_keys=(cert.parent / "stranger",), certificate=str(cert))
+    error = upstream_error(section)
     assert (error.reason, error.retryable, error.ran) == (
         "client_certificate_refused",
         False,
@@ -175,7 +178,8 @@ def test_an_expired_or_future_certificate_is_not_offered(
 ) -> None:
     """Outside its validity window the certificate is refused before connecting."""
     cert = host.user_certificate("dated", validity=validity)
-    error = upstream_error(host.section(client_keys=(cert.parent / "dated",), certificate=cert))
+    section = host.section(client_keys=(cert.parent / "dated",), certificate=str(cert))
+    error = upstream_error(section)
     assert (error.reason, error.retryable, error.ran) == (
         "client_certificate_invalid",
         False,
@@ -193,7 +197,10 @@ def test_check_hosts_names_an_expired_certificate(
     config = tmp_path / "config.toml"
     root = Path(__file__).resolve().parents[1]
     hosts = host.sshd.host_toml(
-        "edge", client_keys=[cert.parent / "old"], certificate=cert, known_hosts=host.known_hosts()
+        "edge",
+        client_keys=[cert.parent / "old"],
+        certificate=str(cert),
+        known_hosts=host.known_hosts(),
     )
     config.write_text(
         f'[paths]\ncommands = "{tmp_path / "commands"}"\nschemas = "{root / "schemas"}"\n\n{hosts}'
@@ -211,7 +218,7 @@ def test_the_expiry_gauge_shows_seconds_to_valid_before(host: CertHost) -> None:
     before = int(time.time()) + 7200
     cert = host.user_certificate("gauge", validity=f"-5m:0x{before:x}")
     sections = {
-        alias: host.section(client_keys=(cert.parent / "gauge",), certificate=cert)
+        alias: host.section(client_keys=(cert.parent / "gauge",), certificate=str(cert))
         for alias in ("a", "b")  # two hosts, one credential: one series
     }
 

@@ -3,8 +3,8 @@
 Host certificates (docs/operations.md "Host certificates"): ``@cert-authority`` and
 ``@revoked`` lines in the host's known_hosts are asyncssh's; asyncssh 2.24 then checks
 the certificate's validity and, only when it names principals, that the name dialled
-is one of them: a certificate signed without principals passes for any host (measured,
-/work/shared/research/privilege.md A5; OpenSSH before 10.3 does the same). asyncssh has
+is one of them: a certificate signed without principals passes for any host (measured
+with asyncssh 2.24.1; OpenSSH's ssh before 10.3 does the same). asyncssh has
 no hook that sees the certificate, so ``pin_host_principal`` wraps the connection's
 ``validate_server_host_key`` when the connection is made, before key exchange: after
 asyncssh's own checks pass, a certificate must name the host's ``address`` among its

@@ -123,8 +123,8 @@ def load_certificate(
 ) -> asyncssh.SSHCertificate | None:
     """The host's client certificate (``certificate`` or ``credential_certificate``), or None."""
     try:
-        if section.certificate is not None:
-            data = read_bounded(section.certificate, MAX_CERTIFICATE_BYTES)
+        if section.certificate:
+            data = read_bounded(Path(section.certificate), MAX_CERTIFICATE_BYTES)
         elif section.credential_certificate:
             data = _read_credential(
                 section.credential_certificate, credentials_dir, MAX_CERTIFICATE_BYTES
@@ -157,8 +157,8 @@ def certified(keys: list[asyncssh.SSHKey], cert: asyncssh.SSHCertificate) -> Cli
 
 def certificate_label(section: HostSection) -> str | None:
     """The ``credential`` label of the expiry gauge: the file, or ``credential:NAME``."""
-    if section.certificate is not None:
-        return str(section.certificate)
+    if section.certificate:
+        return section.certificate
     if section.credential_certificate:
         return f"credential:{section.credential_certificate}"
     return None

@@ -117,8 +117,8 @@ class FileCache:
     def certificate(
         self, section: HostSection, label: str, keys: list[asyncssh.SSHKey]
     ) -> tuple[asyncssh.SSHCertificate, ClientKeys]:
-        if section.certificate is not None:
-            path: Path | None = section.certificate
+        if section.certificate:
+            path: Path | None = Path(section.certificate)
         elif self._credentials_dir is not None:
             path = self._credentials_dir / section.credential_certificate
         else:
