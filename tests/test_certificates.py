@@ -11,6 +11,7 @@ is named by ``sshadapter check --hosts``, and one the host refuses is a clear fa
 from __future__ import annotations
 
 import contextlib
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -154,6 +155,21 @@ def test_a_user_certificate_authenticates_and_the_principals_command_runs(
     assert run_one(section, "echo not-this").stdout == f"{FORCED}\n".encode()
 
 
+def test_a_certificate_from_systemd_credentials_authenticates(host: CertHost) -> None:
+    """credential + credential_certificate, both read from $CREDENTIALS_DIRECTORY."""
+    cert = host.user_certificate("cred", validity="-5m:+1h")
+    section = host.section(client_keys=(), credential="cred", credential_certificate=cert.name)
+
+    async def body(runner: Any) -> bytes:
+        result = await runner.run(
+            "h", "echo not-this", timeout=10.0, max_stdout=4096, max_stderr=4096
+        )
+        return bytes(result.stdout)
+
+    stdout = with_runner({"h": section}, body, credentials_dir=cert.parent)
+    assert stdout == f"{FORCED}\n".encode()
+
+
 def test_a_certificate_the_host_refuses_is_a_clear_failure(host: CertHost) -> None:
     """A valid certificate for a principal the host does not list is refused, never retried.
 
@@ -248,3 +264,44 @@ def test_a_certificate_needs_exactly_one_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(config)
     assert "a certificate certifies one key" in str(caught.value)
+
+
+def test_the_expiry_alerts_fire_a_day_ahead_and_at_expiry(tmp_path: Path) -> None:
+    """promtool test rules: 2 h left warns, past expiry is critical, a week left is quiet."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package prometheus)")
+    rules = Path(__file__).resolve().parents[1] / "prometheus" / "sshadapter.rules.yml"
+    series = 'sshadapter_credential_expiry_seconds{credential="%s"}'
+    cases = tmp_path / "cases.yml"
+    cases.write_text(
+        f"""rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: '{series % "soon"}'
+        values: '7200x5'
+      - series: '{series % "gone"}'
+        values: '-60x5'
+      - series: '{series % "fine"}'
+        values: '604800x5'
+    alert_rule_test:
+      - eval_time: 2m
+        alertname: SshadapterClientCertificateExpiring
+        exp_alerts:
+          - exp_labels: {{severity: warning, credential: soon}}
+            exp_annotations:
+              summary: "sshadapter's client certificate soon expires in 2h 0m 0s"
+      - eval_time: 2m
+        alertname: SshadapterClientCertificateExpired
+        exp_alerts:
+          - exp_labels: {{severity: critical, credential: gone}}
+            exp_annotations:
+              summary: "sshadapter's client certificate gone has expired: calls fail"
+"""
+    )
+    checked = subprocess.run(
+        [promtool, "test", "rules", str(cases)], capture_output=True, text=True, timeout=60
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
