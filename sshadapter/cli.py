@@ -434,7 +434,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         print("sshadapter: --target chooses the hosts of --hosts: give both", file=sys.stderr)
         return EXIT_USAGE
     hosts = []
-    certificates: list[dict[str, str | bool]] = []
+    certificates: list[dict[str, Any]] = []
     if args.hosts:  # the one part of `check` that talks to hosts (docs/dispatcher.md)
         from sshadapter.daemon.drift import check_hosts, format_hosts
         from sshadapter.inventory import load_inventory
@@ -456,17 +456,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
         if args.hosts:
             print(format_hosts(hosts))
             for problem in certificates:
-                print(
-                    f"{problem['host']:<12}  certificate {problem['certificate']}: "
-                    f"{problem['detail']}  MISS"
-                )
+                got = problem["got"]
+                line = f"{problem['case']:<12}  certificate {got['certificate']}: {got['detail']}"
+                print(f"{line}  MISS")
     ok = all(r.ok for r in rows) and all(h.ok for h in hosts) and not certificates
     return EXIT_OK if ok else EXIT_FAILED
 
 
-def _certificate_problems(
-    config: Config, members: Sequence[str] | None
-) -> list[dict[str, str | bool]]:
+def _certificate_problems(config: Config, members: Sequence[str] | None) -> list[dict[str, Any]]:
     """Each host's client certificate that is unreadable, expired or not yet valid: read
     here, nothing is sent (docs/operations.md "User certificates")."""
     from sshadapter.runners.ssh.file_cache import certificate_problems
@@ -474,7 +471,15 @@ def _certificate_problems(
     hosts = {a: s for a, s in config.hosts.items() if members is None or a in members}
     directory = os.environ.get("CREDENTIALS_DIRECTORY")
     return [
-        {"host": alias, "certificate": label, "ok": False, "detail": why}
+        {
+            "tool": "-",
+            "case": alias,
+            "kind": "client_certificate",
+            "expected": {"certificate": "valid now"},
+            "got": {"certificate": label, "detail": why},
+            "ok": False,
+            "rejection": None,
+        }
         for alias, label, why in certificate_problems(hosts, Path(directory) if directory else None)
     ]
 

@@ -11,6 +11,7 @@ is named by ``sshadapter check --hosts``, and one the host refuses is a clear fa
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import subprocess
 import time
@@ -227,6 +228,9 @@ def test_check_hosts_names_an_expired_certificate(
     line = capsys.readouterr().out.splitlines()[-1]
     assert line.split()[:3] == ["edge", "certificate", f"{cert}:"]
     assert "certificate expired at" in line and line.endswith("MISS")
+    assert cli_main(["check", "--config", str(config), "--hosts", "--json"]) == 1
+    [row] = [r for r in json.loads(capsys.readouterr().out) if r["kind"] == "client_certificate"]
+    assert (row["case"], row["got"]["certificate"], row["ok"]) == ("edge", str(cert), False)
 
 
 def test_the_expiry_gauge_shows_seconds_to_valid_before(host: CertHost) -> None:

@@ -95,7 +95,10 @@ class FileCache:
 
     def certificate_expiries(self, sections: Iterable[HostSection]) -> dict[str, float]:
         """Seconds to expiry per distinct certificate of ``sections`` that can be read now
-        (the ``sshadapter_credential_expiry_seconds`` gauge); a broken one has no series."""
+        (the ``sshadapter_credential_expiry_seconds`` gauge); a broken one has no series.
+
+        Called from the metrics listener's thread: it reads the certificate files
+        itself and touches none of the caches the event loop uses."""
         now = time.time()
         found: dict[str, float] = {}
         for section in sections:
@@ -103,11 +106,7 @@ class FileCache:
             if label is None or label in found:
                 continue
             try:
-                keys = self._keys.get((section.client_keys, section.credential))
-                if keys is None:
-                    keys = load_keys(section, self._credentials_dir)
-                    self._keys[(section.client_keys, section.credential)] = keys
-                cert, _ = self.certificate(section, label, keys)
+                cert = load_certificate(section, self._credentials_dir)
             except KeyLoadError:  # no series: reported when connecting and by `check --hosts`
                 cert = None
             if cert is not None:
