@@ -550,6 +550,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         print("sshadapter: --target chooses the hosts of --hosts: give both", file=sys.stderr)
         return EXIT_USAGE
     hosts = []
+    certificates: list[dict[str, Any]] = []
     if args.hosts:  # the one part of `check` that talks to hosts (docs/dispatcher.md)
         from sshadapter.daemon.drift import check_hosts, format_hosts
         from sshadapter.inventory import load_inventory
@@ -562,14 +563,41 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 print(f"sshadapter: --target {args.target!r} {what}", file=sys.stderr)
                 return EXIT_USAGE
         hosts = asyncio.run(check_hosts(config, policies, hosts=members))
+        certificates = _certificate_problems(config, members)
     if args.json:
-        report = [r.as_json() for r in rows] + [h.as_json() for h in hosts]
+        report = [r.as_json() for r in rows] + [h.as_json() for h in hosts] + certificates
         sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
     else:
         print(format_table(rows))
         if args.hosts:
             print(format_hosts(hosts))
-    return EXIT_OK if all(r.ok for r in rows) and all(h.ok for h in hosts) else EXIT_FAILED
+            for problem in certificates:
+                got = problem["got"]
+                line = f"{problem['case']:<12}  certificate {got['certificate']}: {got['detail']}"
+                print(f"{line}  MISS")
+    ok = all(r.ok for r in rows) and all(h.ok for h in hosts) and not certificates
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+def _certificate_problems(config: Config, members: Sequence[str] | None) -> list[dict[str, Any]]:
+    """Each host's client certificate that is unreadable, expired or not yet valid: read
+    here, nothing is sent (docs/operations.md "User certificates")."""
+    from sshadapter.runners.ssh.file_cache import certificate_problems
+
+    hosts = {a: s for a, s in config.hosts.items() if members is None or a in members}
+    directory = os.environ.get("CREDENTIALS_DIRECTORY")
+    return [
+        {
+            "tool": "-",
+            "case": alias,
+            "kind": "client_certificate",
+            "expected": {"certificate": "valid now"},
+            "got": {"certificate": label, "detail": why},
+            "ok": False,
+            "rejection": None,
+        }
+        for alias, label, why in certificate_problems(hosts, Path(directory) if directory else None)
+    ]
 
 
 def _cmd_policy(args: argparse.Namespace) -> int:

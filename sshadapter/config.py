@@ -28,6 +28,7 @@ from pydantic import (
     ValidationError,
     create_model,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -184,11 +185,27 @@ class MetricsSection(_Section):
 
 
 class HostSection(_Section):
+    @model_validator(mode="after")
+    def _one_certified_key(self) -> HostSection:
+        if self.certificate and self.credential_certificate:
+            raise ValueError("certificate and credential_certificate: give one")
+        if (self.certificate or self.credential_certificate) and (
+            len(self.client_keys) + bool(self.credential) != 1
+        ):
+            raise ValueError(
+                "a certificate certifies one key: give one client_keys file or a credential"
+            )
+        return self
+
     address: Annotated[str, Field(min_length=1, max_length=253)]
     port: Annotated[int, Field(ge=1, le=65535)] = 22
     user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")]
     client_keys: tuple[Path, ...] = ()
     credential: str = ""  # a systemd credential name, read from $CREDENTIALS_DIRECTORY
+    # An OpenSSH user certificate for the one key (docs/operations.md "User certificates"):
+    # a file, or a systemd credential; then only the certificate is offered.
+    certificate: str = ""  # a file; empty: none (TOML has no null for [host_defaults])
+    credential_certificate: str = ""
     known_hosts: Path
     connect_timeout_seconds: Annotated[float, Field(gt=0)] = DEFAULT_CONNECT_TIMEOUT_SECONDS
     max_connections: Annotated[int, Field(ge=1, le=64)] = DEFAULT_HOST_MAX_CONNECTIONS

@@ -130,6 +130,9 @@ TRANSPORT_REASONS: Final = frozenset(
         "connection_lost",  # the connection dropped while the command ran
         "command_timeout",  # the command ran longer than timeout_seconds; channel closed
         "no_credentials",  # the configured key file or credential cannot be read
+        "host_certificate_refused",  # host certificate: no principals, not this host, expired
+        "client_certificate_invalid",  # our certificate is expired or not yet valid: unsent
+        "client_certificate_refused",  # the server refused our certificate: never retried
         "pool_closed",  # the daemon is shutting down
         "fanout_deadline",  # a fan-out's deadline_seconds passed before this host answered
         "fanout_cancelled",  # the fan-out was cancelled (client gone, drain) before it answered

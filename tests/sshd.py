@@ -256,8 +256,12 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_sshd(*, max_sessions: int = 10) -> Iterator[Sshd]:
-    """Start a private sshd; stop it and remove its files on exit."""
+def running_sshd(
+    *, max_sessions: int = 10, configure: Callable[[Path], str] | None = None
+) -> Iterator[Sshd]:
+    """Start a private sshd; stop it and remove its files on exit. ``configure(workdir)``,
+    called once the keys exist (``host_key``, ``client_key`` and their ``.pub``), returns
+    more sshd_config lines (``HostCertificate``, ``TrustedUserCAKeys``, ...)."""
     require_sshd()
     user = login_account()
     # Not under pytest's tmp_path: that is 0700 root, and sshd reads authorized_keys
@@ -270,6 +274,7 @@ def running_sshd(*, max_sessions: int = 10) -> Iterator[Sshd]:
         authorized = workdir / "authorized_keys"
         authorized.write_text(generate_key(client_key) + "\n")
         authorized.chmod(0o644)
+        extra = configure(workdir) if configure is not None else ""
         for attempt in range(1, START_ATTEMPTS + 1):
             port = _free_port()
             config = workdir / "sshd_config"
@@ -281,6 +286,7 @@ def running_sshd(*, max_sessions: int = 10) -> Iterator[Sshd]:
                     user=user,
                     max_sessions=max_sessions,
                 )
+                + extra
             )
             with _sshd_process(config, workdir / "sshd.log", port) as started:
                 if not started:

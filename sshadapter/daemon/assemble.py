@@ -113,6 +113,7 @@ def assemble(
             on_close=lambda reason: metrics.connections_closed.labels(reason).inc(),
         )
         metrics.watch_connections(ssh.connections)
+        metrics.watch_credentials(ssh.credential_expiries)
         metrics.connections_open.set_function(lambda: ssh.open_connections)
         metrics.handshakes_in_flight.set_function(lambda: ssh.handshakes_in_flight)
         runner = ssh

@@ -3,7 +3,7 @@
 Reference: docs/metrics.md. Every label value comes from a finite set:
 tool names from the loaded registry (``sshadapter`` for requests that name no
 known tool), outcomes and codes from the envelope contract, stages and
-reasons from the finite lists in ``errors``, host aliases from the config.
+reasons from the finite lists in ``errors``, host aliases and certificate sources from the config.
 Nothing a client or a remote side sends becomes a label.
 """
 
@@ -52,6 +52,23 @@ class _ConnectionsCollector(Collector):
         )
         for host, count in sorted(self._source().items()):
             family.add_metric([host], count)
+        yield family
+
+
+class _CredentialExpiryCollector(Collector):
+    """Seconds to expiry per client certificate, read from the runner at scrape time."""
+
+    def __init__(self, source: Callable[[], Mapping[str, float]]) -> None:
+        self._source = source
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        family = GaugeMetricFamily(
+            "sshadapter_credential_expiry_seconds",
+            "Seconds until each client certificate expires (negative: expired; +Inf: forever).",
+            labels=["credential"],
+        )
+        for credential, seconds in sorted(self._source().items()):
+            family.add_metric([credential], seconds)
         yield family
 
 
@@ -173,6 +190,9 @@ class Metrics:
 
     def watch_connections(self, source: Callable[[], Mapping[str, int]]) -> None:
         self.registry.register(_ConnectionsCollector(source))
+
+    def watch_credentials(self, source: Callable[[], Mapping[str, float]]) -> None:
+        self.registry.register(_CredentialExpiryCollector(source))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

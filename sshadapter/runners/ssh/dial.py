@@ -1,8 +1,10 @@
 """One authenticated SSH connection, with every client-side default that matters pinned.
 
 Security (docs/operations.md "Hosts"): host keys are checked strictly against the
-host's ``known_hosts`` file, read again at every connect, and nothing else. Client
-keys come from ``client_keys`` files or a systemd credential; no agent, no
+host's ``known_hosts`` file, read again at every connect, and nothing else; a host
+certificate must name the host's ``address`` among its principals (certificates.py).
+Client keys come from ``client_keys`` files or a systemd credential, with an optional
+certificate (then only the certificate is offered); no agent, no
 forwarding, no ``~/.ssh/config``, public key authentication only. Key material never
 appears in logs, errors or reprs.
 """
@@ -19,6 +21,7 @@ import asyncssh
 from sshadapter.bounded_read import read_bounded
 from sshadapter.config import HostSection
 from sshadapter.errors import ConfigError
+from sshadapter.runners.ssh.certificates import pin_host_principal, validity
 from sshadapter.runners.ssh.translate import KeyLoadError, KnownHostsError, describe
 
 KEEPALIVE_COUNT_MAX: Final = 3  # unanswered keepalives before a connection is declared dead
@@ -31,11 +34,14 @@ DEFAULT_SSH_PORT: Final = 22  # known_hosts entries for port 22 carry no "[host]
 MAX_KNOWN_HOSTS_BYTES: Final = 4 * 1024 * 1024
 # An OpenSSH private key, even RSA 16384 with a certificate, is under 16 KiB.
 MAX_PRIVATE_KEY_BYTES: Final = 64 * 1024
+# A user certificate: an RSA 16384 key, a few hundred principals and options, under 16 KiB.
+MAX_CERTIFICATE_BYTES: Final = 64 * 1024
+ClientKeys = list[asyncssh.SSHKey] | list[asyncssh.SSHKeyPair]
 
 
 async def dial(
     section: HostSection,
-    keys: list[asyncssh.SSHKey],
+    keys: ClientKeys,
     known_hosts: asyncssh.SSHKnownHosts,
     on_lost: Callable[[asyncssh.SSHClientConnection], None],
 ) -> asyncssh.SSHClientConnection:
@@ -44,7 +50,7 @@ async def dial(
         section.address,
         section.port,
         config=None,  # never read ~/.ssh/config
-        client_factory=functools.partial(_Client, on_lost),
+        client_factory=functools.partial(_Client, on_lost, section.address),
         username=section.user,
         known_hosts=known_hosts,  # strict: the file's keys only, never None
         x509_trusted_certs=None,  # no ~/.ssh/ca-bundle.crt
@@ -72,14 +78,19 @@ async def dial(
 
 
 class _Client(asyncssh.SSHClient):
-    """Tells the pool when its connection closes; asyncssh's defaults refuse unknown host keys."""
+    """Tells the pool when its connection closes; asyncssh's defaults refuse unknown host keys,
+    and a host certificate must name the address dialled (certificates.pin_host_principal)."""
 
-    def __init__(self, on_lost: Callable[[asyncssh.SSHClientConnection], None]) -> None:
+    def __init__(
+        self, on_lost: Callable[[asyncssh.SSHClientConnection], None], principal: str
+    ) -> None:
         self._on_lost = on_lost
+        self._principal = principal
         self._conn: asyncssh.SSHClientConnection | None = None
 
     def connection_made(self, conn: asyncssh.SSHClientConnection) -> None:
         self._conn = conn
+        pin_host_principal(conn, self._principal)  # before the version exchange and kex
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._conn is not None:
@@ -107,12 +118,60 @@ def load_keys(section: HostSection, credentials_dir: Path | None) -> list[asyncs
     return keys
 
 
-def _read_credential(name: str, credentials_dir: Path | None) -> bytes:
+def load_certificate(
+    section: HostSection, credentials_dir: Path | None
+) -> asyncssh.SSHCertificate | None:
+    """The host's client certificate (``certificate`` or ``credential_certificate``), or None."""
+    try:
+        if section.certificate:
+            data = read_bounded(Path(section.certificate), MAX_CERTIFICATE_BYTES)
+        elif section.credential_certificate:
+            data = _read_credential(
+                section.credential_certificate, credentials_dir, MAX_CERTIFICATE_BYTES
+            )
+        else:
+            return None
+        cert = asyncssh.import_certificate(data)
+        if cert.is_x509:
+            raise KeyLoadError("certificate: an OpenSSH user certificate is expected, not X.509")
+        validity(cert)  # readable, or refused here rather than at every connect
+    except ConfigError as exc:
+        raise KeyLoadError(f"certificate: {exc.reason}") from None
+    except (OSError, ValueError) as exc:
+        raise KeyLoadError(f"certificate: {describe(exc, with_path=False)}") from None
+    return cert
+
+
+def certified(keys: list[asyncssh.SSHKey], cert: asyncssh.SSHCertificate) -> ClientKeys:
+    """The key with its certificate, alone: asyncssh would also offer the bare key after a
+    refused certificate (privilege.md A1), which would hide the refusal's cause."""
+    try:
+        pairs = asyncssh.load_keypairs([(keys[0], cert)])
+    except (OSError, ValueError) as exc:  # "Certificate key mismatch"
+        raise KeyLoadError(f"certificate: {describe(exc, with_path=False)}") from None
+    with_cert = [pair for pair in pairs if pair.algorithm == cert.algorithm]
+    if not with_cert:
+        raise KeyLoadError("certificate: not attached to the key")
+    return with_cert
+
+
+def certificate_label(section: HostSection) -> str | None:
+    """The ``credential`` label of the expiry gauge: the file, or ``credential:NAME``."""
+    if section.certificate:
+        return section.certificate
+    if section.credential_certificate:
+        return f"credential:{section.credential_certificate}"
+    return None
+
+
+def _read_credential(
+    name: str, credentials_dir: Path | None, limit: int = MAX_PRIVATE_KEY_BYTES
+) -> bytes:
     if credentials_dir is None:
         raise ValueError("credential configured but $CREDENTIALS_DIRECTORY is not set")
     if "/" in name or name in {".", ".."}:
         raise ValueError("credential name must be a plain file name")
-    return read_bounded(credentials_dir / name, MAX_PRIVATE_KEY_BYTES)
+    return read_bounded(credentials_dir / name, limit)
 
 
 def read_known_hosts(path: Path) -> asyncssh.SSHKnownHosts:

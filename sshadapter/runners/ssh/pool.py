@@ -22,7 +22,7 @@ import asyncssh
 from sshadapter.config import HostSection
 from sshadapter.errors import UpstreamError
 from sshadapter.runners.ssh import exec_gate
-from sshadapter.runners.ssh.dial import dial, lists_host
+from sshadapter.runners.ssh.dial import certificate_label, dial, lists_host
 from sshadapter.runners.ssh.fleet import Fleet
 from sshadapter.runners.ssh.session import Session, open_channel
 from sshadapter.runners.ssh.spare import SPARE_MAX_BUSY, Spare, exec_on_spare
@@ -321,7 +321,13 @@ class Pool:
                 ssh = await dial(self._section, keys, known_hosts, self._forget)
         except Exception as exc:  # every failure is translated; nothing escapes the task
             self._failed_at = time.monotonic()
-            outcome = translate(exc, ran=False, connecting=True, host_listed=host_listed)
+            outcome = translate(
+                exc,
+                ran=False,
+                connecting=True,
+                host_listed=host_listed,
+                certificate=certificate_label(self._section) is not None,
+            )
             outcome.__cause__ = exc
             log.warning(
                 "ssh connect to host %s failed: %s (%s)", self.alias, outcome.reason, outcome.detail

@@ -87,6 +87,7 @@ class SshRunner:
             on_close=on_close,
         )
         self._pools = {alias: Pool(alias, section, self._fleet) for alias, section in hosts.items()}
+        self._sections = tuple(hosts.values())
         self._fleet.members = tuple(self._pools.values())
         self._closed = False
 
@@ -133,6 +134,10 @@ class SshRunner:
         self._closed = True
         await self._fleet.close()
         await asyncio.gather(*(pool.close() for pool in self._pools.values()))
+
+    def credential_expiries(self) -> dict[str, float]:
+        """Seconds to expiry per client certificate (``sshadapter_credential_expiry_seconds``)."""
+        return self._fleet.files.certificate_expiries(self._sections)
 
     def connections(self) -> dict[str, int]:
         """Open connections per host alias, only hosts with one or more (the

@@ -13,6 +13,7 @@ from typing import Final
 import asyncssh
 
 from sshadapter.errors import UpstreamError
+from sshadapter.runners.ssh.certificates import ClientCertificateInvalid, is_certificate_refusal
 
 DETAIL_MAX_CHARS: Final = 200  # an audit detail is a hint, not a transcript
 
@@ -26,13 +27,19 @@ class KnownHostsError(Exception):
 
 
 def translate(
-    exc: BaseException, *, ran: bool, connecting: bool = False, host_listed: bool = False
+    exc: BaseException,
+    *,
+    ran: bool,
+    connecting: bool = False,
+    host_listed: bool = False,
+    certificate: bool = False,
 ) -> UpstreamError:
     """The one place asyncssh and OS exceptions become UpstreamError (errors.TRANSPORT_REASONS).
 
     ``ran``: the command may have started. ``connecting``: raised while opening
     a connection. ``host_listed``: known_hosts names the host, so a key it
-    rejects has changed rather than being unknown.
+    rejects has changed rather than being unknown. ``certificate``: the client
+    offered a certificate (only it), so a refusal is the certificate's.
     """
     detail = describe(exc)
 
@@ -43,12 +50,26 @@ def translate(
         return error("no_credentials", retryable=False, ran=False)
     if isinstance(exc, KnownHostsError):
         return error("host_key_unknown", retryable=False, ran=False)
+    if isinstance(exc, ClientCertificateInvalid):
+        return error("client_certificate_invalid", retryable=False, ran=False)
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable) and is_certificate_refusal(str(exc)):
+        return error("host_certificate_refused", retryable=False, ran=False)
     if isinstance(exc, asyncssh.HostKeyNotVerifiable):
         reason = "host_key_mismatch" if host_listed else "host_key_unknown"
         return error(reason, retryable=False, ran=False)
     if isinstance(exc, asyncssh.KeyExchangeFailed) and host_listed and "host key" in str(exc):
         # known_hosts lists only key types the server no longer offers: a changed key too.
         return error("host_key_mismatch", retryable=False, ran=False)
+    if isinstance(exc, asyncssh.PermissionDenied) and certificate:
+        # sshd says why only in its log: expired there (clock skew), unknown CA, principal.
+        return UpstreamError(
+            "client_certificate_refused",
+            retryable=False,
+            ran=False,
+            detail=f"{detail}; the host refused the client certificate (see its sshd log)"[
+                :DETAIL_MAX_CHARS
+            ],
+        )
     if isinstance(exc, asyncssh.PermissionDenied):
         return error("auth_failed", retryable=False, ran=False)
     if isinstance(exc, asyncssh.ChannelOpenError):
@@ -75,7 +96,7 @@ def again(error: UpstreamError) -> UpstreamError:
 
 def describe(exc: BaseException, *, with_path: bool = True) -> str:
     """Exception class and message for the audit trail; never key material (see load_keys)."""
-    if isinstance(exc, (KeyLoadError, KnownHostsError)):
+    if isinstance(exc, (KeyLoadError, KnownHostsError, ClientCertificateInvalid)):
         text = str(exc)  # already described where it was raised
     elif isinstance(exc, OSError) and exc.strerror:
         text = f"{type(exc).__name__}: {exc.strerror}"
