@@ -256,8 +256,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_sshd(*, max_sessions: int = 10) -> Iterator[Sshd]:
-    """Start a private sshd; stop it and remove its files on exit."""
+def running_sshd(*, max_sessions: int = 10, extra_config: str = "") -> Iterator[Sshd]:
+    """Start a private sshd; stop it and remove its files on exit. ``extra_config`` is
+    appended to SSHD_CONFIG (``{user}`` replaced by the login account): a ``Match`` block."""
     require_sshd()
     user = login_account()
     # Not under pytest's tmp_path: that is 0700 root, and sshd reads authorized_keys
@@ -281,6 +282,7 @@ def running_sshd(*, max_sessions: int = 10) -> Iterator[Sshd]:
                     user=user,
                     max_sessions=max_sessions,
                 )
+                + extra_config.replace("{user}", user)
             )
             with _sshd_process(config, workdir / "sshd.log", port) as started:
                 if not started:
