@@ -172,6 +172,7 @@ def test_every_metric_is_documented() -> None:
     """docs/metrics.md has a row for each metric the daemon exports, and names each drop reason."""
     metrics = Metrics()
     metrics.watch_connections(dict)
+    metrics.watch_tunnels(dict)
     exported = {
         family.name + ("_total" if family.type == "counter" else "")
         for family in metrics.registry.collect()
