@@ -15,7 +15,7 @@ import pytest
 from sshd import Sshd, generate_key, running_sshd, write_known_hosts
 from test_inventory import load_error
 
-from sshadapter.config import HostSection
+from sshadapter.config import HostSection, PoolSection
 from sshadapter.errors import UpstreamError
 from sshadapter.runners.ssh.runner import SshRunner
 
@@ -113,6 +113,24 @@ def test_many_target_connections_share_one_bastion_connection(bastion: Sshd, tar
                 runner.tunnels() == {"edge": runner.connections()["ci"]}
                 and runner.tunnels()["edge"] > 1
             )
+        finally:
+            await runner.close()
+
+    run(main)
+
+
+def test_one_handshake_at_a_time_and_two_connections_in_all_suffice(
+    bastion: Sshd, target: Sshd
+) -> None:
+    """The jump host's connect comes before the target's handshake slot: no deadlock at 1."""
+
+    async def main() -> None:
+        limits = PoolSection(connect_concurrency=1, max_connections_total=2)
+        runner = SshRunner(hosts(bastion, target), pool=limits)
+        try:
+            outs = await asyncio.gather(*(call(runner, "ci", "echo x") for _ in range(8)))
+            assert outs == [b"x\n"] * 8
+            assert runner.connections() == {"edge": 1, "ci": 1}
         finally:
             await runner.close()
 
