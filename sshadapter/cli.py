@@ -251,8 +251,9 @@ def _add_import(inventory_sub: Any) -> None:
     ssh_config = sources.add_parser(
         "ssh-config",
         help="hosts as `ssh -G ALIAS` resolves them (hostname, port, user)",
-        description="Runs `ssh -G` for each alias (never connects). A host behind a ProxyJump "
-        "or ProxyCommand is left out: jump hosts are not supported yet.",
+        description="Runs `ssh -G` for each alias (never connects). A ProxyJump to another "
+        "alias given here becomes `via`; any other ProxyJump or a ProxyCommand leaves the "
+        "host out.",
     )
     ssh_config.add_argument("aliases", nargs="+", metavar="ALIAS")
     ssh_config.add_argument(

@@ -84,6 +84,7 @@ MAX_INVENTORY_FILES: Final = 1000  # files in the inventory directory; more is a
 # A target is a host alias or a group name: one namespace, the agent's `target` argument.
 TARGET_NAME: Final = r"^[a-z][a-z0-9_-]{0,62}$"
 LABEL_WORD: Final = r"^[a-z][a-z0-9_-]{0,62}$"  # label keys and values: words, never patterns
+VIA_NAME: Final = r"^([a-z][a-z0-9_-]{0,62})?$"  # a host alias, or "" for a direct connection
 MAX_LABELS: Final = 32  # per host: labels select groups at load, they are not a database
 # SSH connections open at once, all hosts together. Each costs one descriptor and ~0.25 MiB
 # (measured: 105 MiB RSS with 128 connections, 75 MiB with 16): 512 stay near 200 MB and,
@@ -215,6 +216,9 @@ class HostSection(_Section):
     keepalive_seconds: Annotated[float, Field(gt=0)] = DEFAULT_KEEPALIVE_SECONDS
     # The host runs sshadapter-dispatch as the key's forced command (docs/dispatcher.md).
     dispatch: bool = False
+    # Reached through this configured host (a jump host: docs/operations.md "Bastions");
+    # "" connects directly. Chains are checked at load (sshadapter/inventory.py).
+    via: Annotated[str, Field(pattern=VIA_NAME)] = ""
     labels: Annotated[
         dict[
             Annotated[str, Field(pattern=LABEL_WORD)],

@@ -127,6 +127,7 @@ TRANSPORT_REASONS: Final = frozenset(
         "host_key_unknown",  # the host is not in known_hosts: never retried
         "auth_failed",  # the server refused our key: never retried
         "channel_open_failed",  # the server refused a session channel (MaxSessions)
+        "tunnel_refused",  # a jump host (via) refused to forward to the target: never retried
         "connection_lost",  # the connection dropped while the command ran
         "command_timeout",  # the command ran longer than timeout_seconds; channel closed
         "no_credentials",  # the configured key file or credential cannot be read

@@ -21,6 +21,9 @@ from sshadapter.errors import ConfigError
 
 # A group may name groups that name groups: deeper than this is a mistake, not a design.
 MAX_GROUP_NESTING: Final = 16
+# Jump hosts before a target (``via`` chains): each hop adds a handshake and a round trip
+# to every call's connect; real fleets use one, rarely two (privilege.md B1).
+MAX_VIA_HOPS: Final = 3
 
 
 @dataclass(frozen=True)
@@ -88,10 +91,35 @@ def load_inventory(config: Config) -> Inventory:
                 f"groups.{name}",
                 f"{name!r} is also a host alias ({origins.get(name, '?')}): one name, one target",
             )
+    for alias in sorted(config.hosts):
+        via_chain(alias, config.hosts, origins)
     resolved: dict[str, tuple[str, ...]] = {}
     for name in sorted(config.groups):
         _resolve(name, config, resolved, ())
     return Inventory(dict(config.hosts), resolved, dict(origins))
+
+
+def via_chain(
+    alias: str, hosts: Mapping[str, HostSection], origins: Mapping[str, str] | None = None
+) -> tuple[str, ...]:
+    """The jump hosts before ``alias``, nearest first (``via``, its ``via``, ...); () for a
+    direct host. ConfigError for an unknown alias, a cycle, or more than MAX_VIA_HOPS."""
+    chain: list[str] = []
+    current = alias
+    while via := hosts[current].via:
+        where = (origins or {}).get(current, "<config>")
+        key = f"hosts.{current}.via"
+        if via not in hosts:
+            raise ConfigError(where, key, f"{via!r} is no host alias")
+        if via == alias or via in chain:
+            cycle = " -> ".join((alias, *chain, via))
+            raise ConfigError(where, key, f"jump hosts name each other in a cycle: {cycle}")
+        chain.append(via)
+        if len(chain) > MAX_VIA_HOPS:
+            hops = " -> ".join((alias, *chain))
+            raise ConfigError(where, key, f"more than {MAX_VIA_HOPS} jump hosts: {hops}")
+        current = via
+    return tuple(chain)
 
 
 def _resolve(

@@ -257,11 +257,16 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def running_sshd(
-    *, max_sessions: int = 10, configure: Callable[[Path], str] | None = None
+    *,
+    max_sessions: int = 10,
+    configure: Callable[[Path], str] | None = None,
+    extra_config: str = "",
 ) -> Iterator[Sshd]:
     """Start a private sshd; stop it and remove its files on exit. ``configure(workdir)``,
     called once the keys exist (``host_key``, ``client_key`` and their ``.pub``), returns
-    more sshd_config lines (``HostCertificate``, ``TrustedUserCAKeys``, ...)."""
+    more sshd_config lines (``HostCertificate``, ``TrustedUserCAKeys``, ...);
+    ``extra_config`` is appended after them (``{user}`` replaced by the login account): a
+    ``Match`` block."""
     require_sshd()
     user = login_account()
     # Not under pytest's tmp_path: that is 0700 root, and sshd reads authorized_keys
@@ -287,6 +292,7 @@ def running_sshd(
                     max_sessions=max_sessions,
                 )
                 + extra
+                + extra_config.replace("{user}", user)
             )
             with _sshd_process(config, workdir / "sshd.log", port) as started:
                 if not started:

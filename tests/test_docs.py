@@ -174,6 +174,7 @@ def test_every_metric_is_documented() -> None:
     metrics = Metrics()
     metrics.watch_connections(dict)
     metrics.watch_credentials(dict)
+    metrics.watch_tunnels(dict)
     exported = {
         family.name + ("_total" if family.type == "counter" else "")
         for family in metrics.registry.collect()

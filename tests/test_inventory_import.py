@@ -11,10 +11,11 @@ from typing import Any
 
 import asyncssh
 import pytest
+from test_inventory import write
 
 from sshadapter.cli import main
 from sshadapter.config import load_config
-from sshadapter.inventory import load_inventory
+from sshadapter.inventory import load_inventory, via_chain
 
 ROOT = Path(__file__).resolve().parents[1]
 ANSIBLE_INVENTORY = Path.home() / ".cache/sshadapter-bench/ansible-venv/bin/ansible-inventory"
@@ -234,7 +235,7 @@ def test_label_values_that_are_not_words_and_unreachable_hosts_are_reported(
 def test_ssh_g_resolves_aliases_and_a_proxyjump_host_is_left_out(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """OpenSSH's own answer (Host, Match, Port, User, --user as -l); ProxyJump is not imported."""
+    """OpenSSH's own answer (Host, Match, Port, User, -l); a jump host not imported: out."""
     ssh_config = tmp_path / "ssh_config"
     ssh_config.write_text(
         "Host web-a\n  HostName 10.0.0.1\n  Port 2222\n\n"
@@ -250,7 +251,8 @@ def test_ssh_g_resolves_aliases_and_a_proxyjump_host_is_left_out(
     status, out, err = run(*argv, *options, capsys=capsys)
     assert status == 1
     assert err == (
-        "sshadapter: left out: host inner: proxyjump bastion (bastions are not supported yet)\n"
+        "sshadapter: left out: host inner: proxyjump bastion (mapped to via only when it is "
+        "one other alias imported in the same run: add it to the aliases)\n"
     )
     assert out == f"wrote {target}: 2 host(s), 0 group(s), 1 left out\n"
     assert tomllib.loads(target.read_text())["hosts"] == {
@@ -262,6 +264,45 @@ def test_ssh_g_resolves_aliases_and_a_proxyjump_host_is_left_out(
     assert status == 0
     assert written["host_defaults"]["user"] == "ops"
     assert written["hosts"]["db-main"] == {"address": "10.0.1.1"}  # -l wins over User
+
+
+def test_a_proxyjump_to_an_imported_alias_becomes_via(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ProxyJump ALIAS, ALIAS imported too: via; user@host:port, a cycle, an unpinned jump: out."""
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        "Host bastion\n  HostName 10.0.0.8\n  ProxyJump none\n\n"
+        "Host inner\n  HostName 10.0.0.9\n  ProxyJump bastion\n\n"
+        "Host deeper\n  HostName 10.0.0.10\n  ProxyJump inner\n\n"
+        "Host odd\n  HostName 10.0.0.11\n  ProxyJump jump@10.0.0.8:22\n\n"
+        "Host loop-a\n  HostName 10.0.0.12\n  ProxyJump loop-b\n\n"
+        "Host loop-b\n  HostName 10.0.0.13\n  ProxyJump loop-a\n\n"
+        "Host behind-unpinned\n  HostName 10.0.0.14\n  ProxyJump unpinned\n\n"
+        "Host unpinned\n  HostName 10.9.9.9\n\n"
+        "Host *\n  User fleet\n"
+    )
+    pins = known_hosts(tmp_path, f"10.0.0.* {public_key()}")
+    (tmp_path / "inventory.d").mkdir()
+    target = tmp_path / "inventory.d" / "ssh.toml"
+    aliases = ["bastion", "inner", "deeper", "odd", "loop-a", "loop-b", "behind-unpinned"]
+    options = ["--ssh-config", str(ssh_config), "--known-hosts", str(pins), "--write", str(target)]
+    status, _, err = run(
+        "inventory", "import", "ssh-config", *aliases, "unpinned", *options, capsys=capsys
+    )
+    assert status == 1
+    assert "host odd: proxyjump jump@[10.0.0.8]:22 (mapped to via only when" in err
+    assert "host loop-a: jump hosts in a cycle: loop-a -> loop-b\n" in err
+    assert "host loop-b: jump hosts in a cycle: loop-b -> loop-a\n" in err
+    assert "host behind-unpinned: its jump host unpinned is not imported" in err
+    hosts = tomllib.loads(target.read_text())["hosts"]
+    assert sorted(hosts) == ["bastion", "deeper", "inner"]
+    assert (hosts["inner"]["via"], hosts["deeper"]["via"]) == ("bastion", "inner")
+    assert "via" not in hosts["bastion"]
+    loaded = tmp_path / "loaded"
+    loaded.mkdir()
+    config, _ = load_config(write(loaded, more=target.read_text()))
+    assert via_chain("deeper", load_inventory(config).hosts) == ("inner", "bastion")
 
 
 def test_an_existing_file_is_kept_and_bad_input_is_one_line(

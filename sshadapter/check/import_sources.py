@@ -10,8 +10,10 @@ has; ``importer`` decides what is written.
   the host's own last). ``all`` and ``ungrouped`` become no group. A host
   Ansible reaches otherwise than by plain SSH is left out here.
 - ``ssh-config``: ``ssh -G ALIAS`` per alias, OpenSSH's own answer (``Host``,
-  ``Match``, ``Include``, ``%`` tokens) instead of a parser of ours; a host
-  behind a ProxyJump or ProxyCommand is left out (bastions are not supported yet).
+  ``Match``, ``Include``, ``%`` tokens) instead of a parser of ours; a host whose
+  ProxyJump is one alias imported in the same run gets ``via`` (``importer`` checks
+  that the jump host made it); another ProxyJump (user@host:port, a chain, a host
+  not imported) or a ProxyCommand leaves the host out.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ class Host:
     """Empty: the source gives none (the configuration's [host_defaults] user applies)."""
     labels: Mapping[str, Any]
     """Label key -> the variable's value as the source gives it (checked as a word later)."""
+    via: str = ""
+    """The source name of the host it is reached through (ssh-config ProxyJump); "": none."""
 
 
 @dataclass(frozen=True)
@@ -243,21 +247,29 @@ def from_ssh_config(aliases: Sequence[str], ssh_config: Path | None, user: str) 
     """Each alias as ``ssh -G`` resolves it (``-F ssh_config``, ``-l user`` when given)."""
     hosts: list[Host] = []
     left_out: list[str] = []
-    for alias in dict.fromkeys(aliases):  # an alias given twice is one host
+    wanted = dict.fromkeys(aliases)  # an alias given twice is one host
+    for alias in wanted:
         resolved = _ssh_g(alias, ssh_config, user)
-        for key in ("proxyjump", "proxycommand"):
-            if resolved.get(key, "none") != "none":
-                left_out.append(
-                    f"host {alias}: {key} {resolved[key]} (bastions are not supported yet)"
-                )
-                break
-        else:
-            port = resolved.get("port", str(DEFAULT_SSH_PORT))
-            if not port.isdigit():
-                left_out.append(f"host {alias}: ssh -G gives port {port!r}")
-                continue
-            address = resolved.get("hostname", alias)
-            hosts.append(Host(alias, address, int(port), resolved.get("user", ""), {}))
+        if resolved.get("proxycommand", "none") != "none":
+            left_out.append(
+                f"host {alias}: proxycommand {resolved['proxycommand']} (only a ProxyJump "
+                "to another imported alias is mapped, to via)"
+            )
+            continue
+        jump = resolved.get("proxyjump", "none")
+        if jump != "none" and (jump not in wanted or jump == alias):
+            left_out.append(
+                f"host {alias}: proxyjump {jump} (mapped to via only when it is one other "
+                "alias imported in the same run: add it to the aliases)"
+            )
+            continue
+        port = resolved.get("port", str(DEFAULT_SSH_PORT))
+        if not port.isdigit():
+            left_out.append(f"host {alias}: ssh -G gives port {port!r}")
+            continue
+        address = resolved.get("hostname", alias)
+        via = "" if jump == "none" else jump
+        hosts.append(Host(alias, address, int(port), resolved.get("user", ""), {}, via))
     return Source(hosts, {}, left_out)
 
 

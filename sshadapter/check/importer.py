@@ -32,6 +32,7 @@ from sshadapter.bounded_read import read_bounded
 from sshadapter.check.import_sources import DEFAULT_SSH_PORT, Host, Source, target_name
 from sshadapter.config import LABEL_WORD, TARGET_NAME, HostDefaults
 from sshadapter.errors import ConfigError
+from sshadapter.inventory import MAX_VIA_HOPS
 
 # The daemon reads known_hosts with the same cap (runners/ssh/dial.py MAX_KNOWN_HOSTS_BYTES).
 MAX_KNOWN_HOSTS_BYTES: Final = 4 * 1024 * 1024
@@ -112,6 +113,7 @@ def plan(
         host_aliases[host.source] = alias
         if alias != host.source:
             result.renamed[alias] = host.source
+    _plan_vias(source, host_aliases, result)
     _plan_groups(source, usable, host_aliases, result)
     return result
 
@@ -152,6 +154,33 @@ def _host_entry(
         key = ".".join(str(p) for p in first["loc"])
         return f"{key}: {str(first['msg']).removeprefix('Value error, ')}"
     return entry, dropped
+
+
+def _plan_vias(source: Source, host_aliases: dict[str, str], result: Plan) -> None:
+    """``via`` for each host behind a jump host that was imported; a host in a jump cycle,
+    behind more than MAX_VIA_HOPS, or whose jump host was left out is left out too."""
+    jumps = {h.source: h.via for h in source.hosts if h.via and h.source in host_aliases}
+    for name in sorted(jumps):
+        hops: list[str] = []
+        hop = jumps[name]
+        while hop and hop != name and hop not in hops:
+            hops.append(hop)
+            hop = jumps.get(hop, "")
+        if hop or len(hops) > MAX_VIA_HOPS:
+            why = "in a cycle" if hop else f"more than {MAX_VIA_HOPS}"
+            result.left_out.append(f"host {name}: jump hosts {why}: {' -> '.join([name, *hops])}")
+            del result.hosts[host_aliases.pop(name)]
+    changed = True
+    while changed:  # a host behind one left out (or behind one behind it) goes too
+        changed = False
+        for name, via in sorted(jumps.items()):
+            if name in host_aliases and via not in host_aliases:
+                result.left_out.append(f"host {name}: its jump host {via} is not imported")
+                del result.hosts[host_aliases.pop(name)]
+                changed = True
+    for name, via in jumps.items():
+        if name in host_aliases:
+            result.hosts[host_aliases[name]]["via"] = host_aliases[via]
 
 
 def _plan_groups(

@@ -111,9 +111,11 @@ def assemble(
             ).inc(),
             on_connect=connected,
             on_close=lambda reason: metrics.connections_closed.labels(reason).inc(),
+            on_jump_lost=lambda host: metrics.jump_lost.labels(host).inc(),
         )
         metrics.watch_connections(ssh.connections)
         metrics.watch_credentials(ssh.credential_expiries)
+        metrics.watch_tunnels(ssh.tunnels)
         metrics.connections_open.set_function(lambda: ssh.open_connections)
         metrics.handshakes_in_flight.set_function(lambda: ssh.handshakes_in_flight)
         runner = ssh

@@ -357,9 +357,11 @@ async def check_hosts(
     wanted = {alias: policies[alias] for alias in chosen}
     own = None
     if runner is None:
+        from sshadapter.inventory import via_chain
         from sshadapter.runners.ssh.runner import SshRunner
 
-        runner = own = SshRunner({alias: config.hosts[alias] for alias in chosen})
+        needed = {hop for alias in chosen for hop in (alias, *via_chain(alias, config.hosts))}
+        runner = own = SshRunner({alias: config.hosts[alias] for alias in sorted(needed)})
     monitor = PolicyMonitor(runner, Metrics(), max_in_flight=max_in_flight)
     monitor.expect(wanted)
     try:

@@ -41,15 +41,21 @@ OUTPUT_BUCKETS: Final = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 419
 
 
 class _ConnectionsCollector(Collector):
-    """Open SSH connections per host alias, read from the runner at scrape time."""
+    """A count per host alias (open SSH connections, tunnels), read from the runner at
+    scrape time."""
 
-    def __init__(self, source: Callable[[], Mapping[str, int]]) -> None:
+    def __init__(
+        self,
+        source: Callable[[], Mapping[str, int]],
+        name: str = "sshadapter_ssh_connections",
+        text: str = "Open SSH connections per host.",
+    ) -> None:
         self._source = source
+        self._name = name
+        self._text = text
 
     def collect(self):  # type: ignore[no-untyped-def]
-        family = GaugeMetricFamily(
-            "sshadapter_ssh_connections", "Open SSH connections per host.", labels=["host"]
-        )
+        family = GaugeMetricFamily(self._name, self._text, labels=["host"])
         for host, count in sorted(self._source().items()):
             family.add_metric([host], count)
         yield family
@@ -175,6 +181,12 @@ class Metrics:
             ["tool", "outcome"],
             registry=r,
         )
+        self.jump_lost = Counter(
+            "sshadapter_ssh_jump_connections_lost",
+            "Connections of a jump host (via) that dropped, taking the tunnelled ones along.",
+            ["host"],
+            registry=r,
+        )
         self.reloads = Counter(
             "sshadapter_reloads", "Reloads of commands and schemas.", ["result"], registry=r
         )
@@ -193,6 +205,15 @@ class Metrics:
 
     def watch_credentials(self, source: Callable[[], Mapping[str, float]]) -> None:
         self.registry.register(_CredentialExpiryCollector(source))
+
+    def watch_tunnels(self, source: Callable[[], Mapping[str, int]]) -> None:
+        self.registry.register(
+            _ConnectionsCollector(
+                source,
+                "sshadapter_ssh_tunnels",
+                "Host connections carried per jump host (via).",
+            )
+        )
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

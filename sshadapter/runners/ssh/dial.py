@@ -44,11 +44,21 @@ async def dial(
     keys: ClientKeys,
     known_hosts: asyncssh.SSHKnownHosts,
     on_lost: Callable[[asyncssh.SSHClientConnection], None],
+    *,
+    tunnel: asyncssh.SSHClientConnection | None = None,
 ) -> asyncssh.SSHClientConnection:
-    """One authenticated connection, with every client-side default that matters pinned."""
+    """One authenticated connection, with every client-side default that matters pinned.
+
+    ``tunnel``: a connection to the host's jump host, itself dialled here with its own
+    pins; the TCP stream is then a direct-tcpip channel on it. Never a string: asyncssh
+    opens a string's hops with its defaults (~/.ssh/known_hosts, default keys, agent).
+    """
+    if tunnel is not None and not isinstance(tunnel, asyncssh.SSHClientConnection):
+        raise TypeError("tunnel must be a connection dialled here")  # a bug, not input
     return await asyncssh.connect(
         section.address,
         section.port,
+        tunnel=tunnel,
         config=None,  # never read ~/.ssh/config
         client_factory=functools.partial(_Client, on_lost, section.address),
         username=section.user,

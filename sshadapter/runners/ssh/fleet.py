@@ -55,6 +55,7 @@ class Fleet:
         on_connect_failure: Callable[[str, str], None] | None = None,
         on_connect: Callable[[str], None] | None = None,
         on_close: Callable[[str], None] | None = None,
+        on_jump_lost: Callable[[str], None] | None = None,
     ) -> None:
         self.limits = limits
         self.files = files
@@ -70,6 +71,7 @@ class Fleet:
         self._on_connect_failure = on_connect_failure
         self._on_connect = on_connect
         self._on_close = on_close
+        self._on_jump_lost = on_jump_lost
 
     def reserve(self, *, evict: bool) -> bool:
         """A slot for one more connection; at the cap, ``evict`` closes the LRU idle one."""
@@ -109,6 +111,12 @@ class Fleet:
 
     def connect_failed(self, alias: str, reason: str) -> None:
         self._call(self._on_connect_failure, alias, reason)
+
+    def jump_lost(self, alias: str) -> None:
+        """A connection of jump host ``alias`` closed without us closing it: the host
+        connections it carried are gone with it."""
+        log.warning("connection to jump host %s lost", alias)
+        self._call(self._on_jump_lost, alias)
 
     def notify(self) -> None:
         """A slot freed or a connection went idle: waiters at the cap look again."""

@@ -5,6 +5,13 @@ A refused channel open is retried on another connection; a connection with room 
 few calls keeps a spare channel ready (``spare``). Every connect takes a slot of the
 fleet's total and one of its handshakes in flight, and an idle connection may be closed
 by the fleet (``fleet``). Reference: docs/operations.md "SSH".
+
+Jump hosts (``via``, docs/operations.md "Bastions"): a host's pool opens each connection
+as a ``direct-tcpip`` channel on a connection of its jump host's own pool (``tunnel``),
+dialled with that host's pins and keys; never asyncssh's string form of ``tunnel=``,
+which would fall back to ~/.ssh and the agent. A tunnel is not a session channel: it is
+counted apart (``Conn.tunnels``, at most MAX_TUNNELS_PER_CONNECTION), and keeps the jump
+host's connection from being closed as idle.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from sshadapter.runners.ssh.dial import certificate_label, dial, lists_host
 from sshadapter.runners.ssh.fleet import Fleet
 from sshadapter.runners.ssh.session import Session, open_channel
 from sshadapter.runners.ssh.spare import SPARE_MAX_BUSY, Spare, exec_on_spare
-from sshadapter.runners.ssh.translate import again, translate
+from sshadapter.runners.ssh.translate import DETAIL_MAX_CHARS, again, translate
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +42,11 @@ CHANNEL_OPEN_ATTEMPTS: Final = 3  # sshd frees sessions late; more tries only de
 CHANNEL_OPEN_BACKOFF_SECONDS: Final = 0.05  # doubled per try: 50 ms, 100 ms between tries
 CONNECT_COOLDOWN_SECONDS: Final = 1.0  # after a failed connect, wait for open ones, not MaxStartups
 CLOSE_TIMEOUT_SECONDS: Final = 5.0  # close() waits this long for connections to shut down
+# Target connections carried by one jump host connection. sshd's MaxSessions does not count
+# direct-tcpip channels (its channel table allows 16k); this bound keeps one lost jump
+# connection from taking more than this many target connections with it, and spreads
+# the traffic over up to max_connections of the jump host's connections.
+MAX_TUNNELS_PER_CONNECTION: Final = 64
 
 
 @dataclass(eq=False)
@@ -46,11 +58,15 @@ class Conn:
     spare: Spare | None = None
     last_used: float = field(default_factory=time.monotonic)
     """When a call last took or gave back a channel (monotonic): for idle and LRU close."""
+    tunnels: int = 0
+    """Connections of other hosts carried on this one (it is their jump host)."""
+    via: tuple[Pool, Conn] | None = None
+    """The jump host's pool and connection this one is tunnelled through."""
 
     @property
     def busy(self) -> int:
-        """Channels of calls (its spare's slot aside): 0 is idle."""
-        return self.channels - (self.spare is not None)
+        """Channels of calls (its spare's slot aside) and tunnels it carries: 0 is idle."""
+        return self.channels - (self.spare is not None) + self.tunnels
 
     @property
     def spare_ready(self) -> bool:
@@ -82,6 +98,10 @@ class Pool:
         """Calls that found a spare channel ready: only their exec request went out."""
         self.spares_off = False
         """Set once this host's sshd refused a spare (MaxSessions below our channel cap)."""
+        self.via: Pool | None = None
+        """The jump host's pool when the host is reached through one (``via``)."""
+        self.carries = False
+        """Whether some host is reached through this one (it is a jump host)."""
 
     def __repr__(self) -> str:
         return f"Pool({self.alias!r}, connections={len(self._conns)})"
@@ -89,6 +109,11 @@ class Pool:
     @property
     def open_connections(self) -> int:
         return len(self._conns)
+
+    @property
+    def tunnels(self) -> int:
+        """Host connections carried on this pool's connections now (it is a jump host)."""
+        return sum(c.tunnels for c in self._conns)
 
     async def open_session(
         self, command: str, max_stdout: int, max_stderr: int, attempts: list[Session]
@@ -173,6 +198,46 @@ class Pool:
             changed = self._changed
             await changed.wait()
 
+    async def tunnel(self) -> Conn:
+        """A connection of this (jump) host to carry one more target connection, opened if
+        none has room; give it back with ``untunnel``. Raises like acquire()."""
+        while True:
+            if self._closed:
+                raise UpstreamError("pool_closed", retryable=False, ran=False)
+            room = [
+                c
+                for c in self._conns
+                if c.tunnels < MAX_TUNNELS_PER_CONNECTION and not c.ssh.is_closed()
+            ]
+            if room:
+                conn = min(room, key=lambda c: c.tunnels)
+                conn.tunnels += 1
+                conn.last_used = time.monotonic()
+                return conn
+            if self._connecting is None and self._may_connect():
+                if self._fleet.reserve(evict=True):
+                    self._connecting = asyncio.create_task(self._connect())
+                elif not self._awaiting_room:
+                    await self._await_room()
+                    continue
+            if self._connecting is not None:
+                task = self._connecting
+                await asyncio.wait([task])  # as in acquire: a shared connect is not ours
+                outcome = None if task.cancelled() else task.result()
+                if isinstance(outcome, UpstreamError):
+                    raise again(outcome) from outcome.__cause__
+                continue
+            changed = self._changed
+            await changed.wait()
+
+    def untunnel(self, conn: Conn) -> None:
+        """A target connection carried on ``conn`` closed (or never opened)."""
+        conn.tunnels -= 1
+        conn.last_used = time.monotonic()
+        if conn.busy == 0:
+            self._fleet.notify()
+        self._notify()
+
     async def warm(self) -> None:
         """Open one connection ahead of the first call, unless one is open or the fleet is
         full (warming closes no other host's connection); raises like acquire()."""
@@ -219,6 +284,7 @@ class Pool:
         conns, self._conns = self._conns, []
         for conn in conns:
             self._fleet.gone()
+            self._unlink(conn)
             if conn.spare is not None:
                 conn.spare.abandon()
             conn.ssh.close()
@@ -282,11 +348,28 @@ class Pool:
 
     def _forget(self, ssh: asyncssh.SSHClientConnection) -> None:
         """Drop a closed or lost connection; it is replaced on demand."""
-        kept = [c for c in self._conns if c.ssh is not ssh]
-        if len(kept) < len(self._conns):
-            self._conns = kept
+        gone = [c for c in self._conns if c.ssh is ssh]
+        if gone:
+            self._conns = [c for c in self._conns if c.ssh is not ssh]
             self._fleet.gone()
+            for conn in gone:
+                self._unlink(conn)
         self._notify()
+
+    def _lost(self, ssh: asyncssh.SSHClientConnection) -> None:
+        """A connection closed by the host, the network or us (asyncssh's connection_lost);
+        one of a jump host that we had not closed ourselves is counted."""
+        if self.carries and any(c.ssh is ssh for c in self._conns):
+            self._fleet.jump_lost(self.alias)
+        self._forget(ssh)
+
+    @staticmethod
+    def _unlink(conn: Conn) -> None:
+        """A tunnelled connection gone: its jump host's connection carries one fewer."""
+        if conn.via is not None:
+            pool, carrier = conn.via
+            conn.via = None
+            pool.untunnel(carrier)
 
     def _drop(self, conn: Conn, reason: str) -> None:
         """Close an idle connection (idle for too long, or the LRU one at the total cap)."""
@@ -313,21 +396,43 @@ class Pool:
         outcome: Conn | UpstreamError
         host_listed = False
         reserved = True
+        carrier: Conn | None = None
         try:
             keys = self._fleet.files.keys(self._section)
             known_hosts = self._fleet.files.known_hosts(self._section.known_hosts)
             host_listed = lists_host(known_hosts, self._section)
+            if self.via is not None:  # before our handshake slot: the jump host needs one
+                async with asyncio.timeout(self._section.connect_timeout_seconds):
+                    carrier = await self.via.tunnel()
             async with self._fleet.handshake():
-                ssh = await dial(self._section, keys, known_hosts, self._forget)
+                ssh = await dial(
+                    self._section,
+                    keys,
+                    known_hosts,
+                    self._lost,
+                    tunnel=None if carrier is None else carrier.ssh,
+                )
         except Exception as exc:  # every failure is translated; nothing escapes the task
             self._failed_at = time.monotonic()
-            outcome = translate(
-                exc,
-                ran=False,
-                connecting=True,
-                host_listed=host_listed,
-                certificate=certificate_label(self._section) is not None,
-            )
+            if carrier is not None and self.via is not None:
+                self.via.untunnel(carrier)
+            if isinstance(exc, UpstreamError):  # the jump host's own failure, as it was
+                outcome = UpstreamError(
+                    exc.reason,
+                    retryable=exc.retryable,
+                    ran=False,
+                    detail=f"jump host {self.via.alias if self.via else '?'}: {exc.detail}"[
+                        :DETAIL_MAX_CHARS
+                    ],
+                )
+            else:
+                outcome = translate(
+                    exc,
+                    ran=False,
+                    connecting=True,
+                    host_listed=host_listed,
+                    certificate=certificate_label(self._section) is not None,
+                )
             outcome.__cause__ = exc
             log.warning(
                 "ssh connect to host %s failed: %s (%s)", self.alias, outcome.reason, outcome.detail
@@ -335,6 +440,8 @@ class Pool:
             self._fleet.connect_failed(self.alias, outcome.reason)
         else:
             outcome = Conn(ssh)
+            if carrier is not None and self.via is not None:
+                outcome.via = (self.via, carrier)
             self._conns.append(outcome)
             reserved = False
             self._fleet.established(self.alias)

@@ -70,13 +70,17 @@ class SshRunner:
         on_connect_failure: Callable[[str, str], None] | None = None,
         on_connect: Callable[[str], None] | None = None,
         on_close: Callable[[str], None] | None = None,
+        on_jump_lost: Callable[[str], None] | None = None,
     ) -> None:
         """``pool``: the bounds all hosts share (None: the defaults). Callbacks (an
         exception is logged, never raised): ``on_connect_failure(alias, reason)`` once
         per failed connect;
         ``on_connect(alias)`` each time a new connection to ``alias`` is established;
         ``on_close(reason)`` each time the pool closes an idle connection itself
-        (``fleet.CLOSE_REASONS``)."""
+        (``fleet.CLOSE_REASONS``); ``on_jump_lost(alias)`` each time a connection of a
+        jump host (some host's ``via``) drops without the pool closing it.
+
+        Every ``via`` must name a host of ``hosts`` (load_inventory checked the chains)."""
         if credentials_dir is None and os.environ.get("CREDENTIALS_DIRECTORY"):
             credentials_dir = Path(os.environ["CREDENTIALS_DIRECTORY"])
         self._fleet = Fleet(
@@ -85,9 +89,16 @@ class SshRunner:
             on_connect_failure=on_connect_failure,
             on_connect=on_connect,
             on_close=on_close,
+            on_jump_lost=on_jump_lost,
         )
         self._pools = {alias: Pool(alias, section, self._fleet) for alias, section in hosts.items()}
         self._sections = tuple(hosts.values())
+        for alias, host_pool in self._pools.items():
+            if via := hosts[alias].via:
+                if via not in self._pools:
+                    raise ValueError(f"host {alias!r}: via {via!r} is not a host here")
+                host_pool.via = self._pools[via]
+                host_pool.via.carries = True
         self._fleet.members = tuple(self._pools.values())
         self._closed = False
 
@@ -138,6 +149,11 @@ class SshRunner:
     def credential_expiries(self) -> dict[str, float]:
         """Seconds to expiry per client certificate (``sshadapter_credential_expiry_seconds``)."""
         return self._fleet.files.certificate_expiries(self._sections)
+
+    def tunnels(self) -> dict[str, int]:
+        """Host connections carried per jump host alias, only jump hosts carrying one or more
+        (the ``sshadapter_ssh_tunnels`` gauge)."""
+        return {alias: n for alias, pool in self._pools.items() if (n := pool.tunnels)}
 
     def connections(self) -> dict[str, int]:
         """Open connections per host alias, only hosts with one or more (the

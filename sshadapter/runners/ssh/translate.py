@@ -72,6 +72,10 @@ def translate(
         )
     if isinstance(exc, asyncssh.PermissionDenied):
         return error("auth_failed", retryable=False, ran=False)
+    if isinstance(exc, asyncssh.ChannelOpenError) and connecting:  # a jump host's tunnel
+        if exc.code == asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED:  # its permitopen says no
+            return error("tunnel_refused", retryable=False, ran=False)
+        return error("connect_failed", retryable=True, ran=False)  # e.g. nothing listens there
     if isinstance(exc, asyncssh.ChannelOpenError):
         return error("channel_open_failed", retryable=True, ran=False)
     if isinstance(exc, TimeoutError):
