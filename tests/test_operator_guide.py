@@ -16,6 +16,11 @@ test's uid for the agent's. The daemon is started the way the units start it:
 the unit's ``ExecStart=`` with the socket ``sshadapter.socket`` describes
 passed as fd 3, its ``LoadCredential=`` copied into ``$CREDENTIALS_DIRECTORY``,
 a ``NOTIFY_SOCKET``, and ``ExecReload=`` for ``systemctl reload``.
+
+The bastion section runs on two more sshds (web3 and the bastion): its CA block
+signs their host keys, its sshd drop-ins (the HostCertificate line, the jump
+account's Match block) are Included by them, and the printed authorized_keys line
+is the bastion's only key.
 """
 
 from __future__ import annotations
@@ -31,12 +36,12 @@ import socket
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sshd import Sshd, host_directory, running_sshd
+from sshd import Sshd, host_directory, login_account, running_sshd
 from test_integration import free_port, notifications
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +102,22 @@ PINNED: dict[str, str] = {
     "journalctl -u sshadapter --since today": "not run: needs systemd as PID 1",
     "systemctl daemon-reload && systemctl restart sshadapter": (
         "here: SIGTERM, then ExecStart= again as activated, with the drop-in's credential"
+    ),
+    # Reach hosts behind a bastion: the test's target and bastion sshds (reach_behind_a_bastion).
+    "sshd -t && systemctl reload ssh": (
+        "here: each test sshd starts with the guide's drop-ins Included (sshd checks them)"
+    ),
+    "useradd --system --create-home --shell /bin/sh jump": (
+        "here: the bastion sshd logs in tests/sshd.py's account, created with these options"
+    ),
+    "usermod -p '*' jump": "tests/sshd.py unlocks its login account the same way",
+    "install -d -m 0755 ~jump/.ssh": (
+        "here: the bastion sshd reads AuthorizedKeysFile from its workdir instead"
+    ),
+    'echo \'restrict,port-forwarding,permitopen="web3.internal.example:22",command="/bin/false"'
+    ',from="192.0.2.10" ssh-ed25519 AAAAC3Nza... sshadapter-jump@adapter\''
+    " >> ~jump/.ssh/authorized_keys": (
+        "here: the line the bastion-keygen block printed is the bastion sshd's only key"
     ),
 }
 
@@ -420,6 +441,9 @@ def test_the_guide_from_adding_a_host_to_reading_the_audit(walk: Walkthrough) ->
         expected_refusal.pop("request_id")
         assert got == expected_refusal
 
+    # Reach hosts behind a bastion, pinned by a certificate authority: web3 behind it.
+    reach_behind_a_bastion(walk, config, drop_in)
+
     # Every block of the guide was used here, or in test_systemd_units (the unit drop-ins).
     drop_ins = {
         (b.kind, b.arg)
@@ -491,3 +515,156 @@ def started_daemon(
 
 def _lines(text: str) -> list[str]:
     return [line.rstrip() for line in text.strip().splitlines()]
+
+
+# Reach hosts behind a bastion, pinned by a certificate authority ---------------------------
+
+
+def reach_behind_a_bastion(walk: Walkthrough, config: Path, fleet_drop_in: Path) -> None:
+    """The guide's bastion section on two more real sshds: web3 (its host key signed by
+    the guide's CA block) behind the bastion (signed too, with the guide's Match block
+    and the printed authorized_keys line as its own); the daemon restarted with both."""
+    ca = walk.tmp / "ca"  # the machine that keeps the host CA: not the operator's directory
+    ca.mkdir()
+    run_on(walk, "host-ca", ca)
+    # What sshd runs is known only once running_sshd made each host's key: the CA signs
+    # it and the host's drop-ins are written (and Included) before that sshd starts.
+    jump_conf = walk.block("file", "/etc/ssh/sshd_config.d/sshadapter-jump.conf").text
+    # web3 and the bastion: two more test sshds, on the same address as the others.
+    walk.substitutions.insert(0, ("web3.internal.example", walk.sshd.address))
+    walk.unused.add("web3.internal.example")
+    # The bastion's credential drop-in: in the test's directory, not this machine's /etc.
+    bastion_conf = "/etc/systemd/system/sshadapter.service.d/bastion.conf"
+    walk.substitutions.insert(0, (bastion_conf, str(walk.tmp / "systemd/bastion.conf")))
+    walk.unused.add(bastion_conf)
+    login = login_account()
+
+    def certified(*drop_ins: str) -> Callable[[Path], str]:
+        def configure(workdir: Path) -> str:
+            run_on(walk, "host-cert", ca, host=workdir)
+            included = [write_on_host(walk, path, workdir) for path in drop_ins]
+            return "".join(f"Include {path}\n" for path in included)
+
+        return configure
+
+    with (
+        running_sshd(configure=certified("/etc/ssh/sshd_config.d/host-certificate.conf")) as web3,
+        running_sshd(
+            configure=certified(
+                "/etc/ssh/sshd_config.d/host-certificate.conf",
+                "/etc/ssh/sshd_config.d/sshadapter-jump.conf",
+            )
+        ) as bastion,
+    ):
+        # Each host's address and port, and the bastion's account (the Match block's too).
+        walk.substitutions[:0] = [
+            ("web3.internal.example:22", f"{web3.address}:{web3.port}"),
+            (
+                'address = "web3.internal.example"',
+                f'address = "{web3.address}"\nport = {web3.port}',
+            ),
+            (
+                'address = "bastion.internal.example"',
+                f'address = "{bastion.address}"\nport = {bastion.port}',
+            ),
+            ('user = "jump"', f'user = "{bastion.user}"'),
+            # One @cert-authority line for both: the names the daemon looks them up by.
+            (
+                "*.internal.example",
+                f"[{web3.address}]:{web3.port},[{bastion.address}]:{bastion.port}",
+            ),
+        ]
+        walk.unused |= {old for old, _ in walk.substitutions[:5]}
+        assert (
+            f"Match User {login}\n"
+            in (bastion.workdir / "sshd_config.d/sshadapter-jump.conf").read_text()
+        )
+        assert jump_conf.startswith("Match User jump\n")
+
+        shutil.copyfile(ca / "fleet_host_ca.pub", walk.work / "fleet_host_ca.pub")  # the copy
+        walk.run("host-ca-known-hosts")
+        pinned = (walk.root / "etc/sshadapter/known_hosts").read_text().splitlines()[-1]
+        assert pinned.startswith("@cert-authority ") and pinned.endswith(" fleet-host-ca")
+
+        # The bastion's only key: the line printed for it.
+        printed = walk.run("bastion-keygen").strip().splitlines()[-1]
+        assert printed.startswith(
+            f'restrict,port-forwarding,permitopen="{web3.address}:{web3.port}",'
+            f'command="/bin/false",from="{walk.sshd.address}" ssh-ed25519 '
+        ), printed
+        (bastion.workdir / "authorized_keys").write_text(printed + "\n")
+        # web3 is set up as web1: the fleet key's line (from= the bastion: one address here).
+        fleet_line = [
+            line
+            for line in (walk.sshd.workdir / "authorized_keys").read_text().splitlines()
+            if "sshadapter-fleet@" in line
+        ]
+        (web3.workdir / "authorized_keys").write_text(fleet_line[0] + "\n")
+        bastion_drop_in = walk.write(bastion_conf)
+        walk.write("/etc/sshadapter/inventory.d/dc2.toml")
+        walk.run("bastion-policy")
+        # web3 shares ci's installed policy (tests/sshd.py: one policy path for the run).
+        assert sorted(json.loads((walk.work / "web3.policy.json").read_text())["operations"]) == [
+            "kernel_release"
+        ]
+
+        # The restart: new hosts and the bastion's credential.
+        with started_daemon(walk, config, drop_ins=(fleet_drop_in, bastion_drop_in)):
+            assert _lines(walk.run("call-bastion")) == _lines(walk.output("call-bastion"))
+            assert _lines(walk.run("bastion-tunnels")) == _lines(walk.output("bastion-tunnels"))
+
+        # A thief with the bastion key: a command and a shell run nothing.
+        key = walk.root / "etc/sshadapter/keys/bastion.key"
+        for command in (["id"], []):
+            stolen = thief_ssh(key, bastion, command)
+            assert (stolen.returncode, stolen.stdout) == (1, ""), stolen
+
+
+def run_on(walk: Walkthrough, name: str, cwd: Path, host: Path | None = None) -> str:
+    """A guide:run block run on another machine (``cwd``); ``host``: the sshd workdir
+    standing for that machine's /etc/ssh."""
+    text = walk.block("run", name).text
+    if host is not None:
+        text = on_host(text, host)
+    done = subprocess.run(
+        ["sh", "-e", "-c", walk.localize(text)],
+        cwd=cwd,
+        env=walk.env,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_SECONDS,
+    )
+    assert done.returncode == 0, f"{name}: {done.stdout}{done.stderr}"
+    return done.stdout
+
+
+def on_host(text: str, workdir: Path) -> str:
+    """A host's /etc/ssh paths and its jump account, on the test sshd that plays it."""
+    return (
+        text.replace("/etc/ssh/sshd_config.d/", f"{workdir}/sshd_config.d/")
+        .replace("/etc/ssh/ssh_host_ed25519_key", f"{workdir}/host_key")
+        .replace("Match User jump\n", f"Match User {login_account()}\n")
+    )
+
+
+def write_on_host(walk: Walkthrough, path: str, workdir: Path) -> Path:
+    """A guide:file block of a host's /etc/ssh, written into the sshd's workdir."""
+    target = Path(on_host(path, workdir))
+    target.parent.mkdir(exist_ok=True)
+    target.write_text(walk.localize(on_host(walk.block("file", path).text, workdir)))
+    return target
+
+
+def thief_ssh(key: Path, bastion: Sshd, command: list[str]) -> subprocess.CompletedProcess[str]:
+    """OpenSSH's client with the bastion's key, no config, agent or known_hosts of its own."""
+    options = ["-F", "/dev/null", "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes"]
+    options += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+    return subprocess.run(
+        ["ssh", *options, "-p", str(bastion.port), f"{bastion.user}@{bastion.address}", *command],
+        stdin=subprocess.DEVNULL if command else None,
+        input=None if command else "id\n",
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_SECONDS,
+        env={"PATH": os.environ["PATH"], "SSH_AUTH_SOCK": ""},
+    )
