@@ -17,10 +17,10 @@ the unit's ``ExecStart=`` with the socket ``sshadapter.socket`` describes
 passed as fd 3, its ``LoadCredential=`` copied into ``$CREDENTIALS_DIRECTORY``,
 a ``NOTIFY_SOCKET``, and ``ExecReload=`` for ``systemctl reload``.
 
-The bastion section runs on two more sshds (web3 and the bastion): its CA block
-signs their host keys, its sshd drop-ins (the HostCertificate line, the jump
-account's Match block) are Included by them, and the printed authorized_keys line
-is the bastion's only key.
+The bastion section runs on two more sshds (web3 and the bastion): its host CA
+block signs their host keys, its sshd drop-ins (HostCertificate, web3's user CA and
+principals file, the jump account's Match block) are Included by them, and the
+printed authorized_keys line is the bastion's only key.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import pytest
 from sshd import Sshd, host_directory, login_account, running_sshd
@@ -521,34 +522,50 @@ def _lines(text: str) -> list[str]:
 
 
 def reach_behind_a_bastion(walk: Walkthrough, config: Path, fleet_drop_in: Path) -> None:
-    """The guide's bastion section on two more real sshds: web3 (its host key signed by
-    the guide's CA block) behind the bastion (signed too, with the guide's Match block
-    and the printed authorized_keys line as its own); the daemon restarted with both."""
-    ca = walk.tmp / "ca"  # the machine that keeps the host CA: not the operator's directory
+    """The guide's bastion section on two more real sshds: web3 (host key signed by the
+    guide's host CA block, trusting its user CA through the principals file, no
+    authorized_keys line) behind the bastion (host key signed too, the guide's Match block
+    Included, the printed authorized_keys line its only key); the daemon restarted with
+    both, the call and metrics compared, the bastion key tried as a thief."""
+    ca = walk.tmp / "ca"  # the machine that keeps the CAs: not the operator's directory
     ca.mkdir()
     run_on(walk, "host-ca", ca)
+    run_on(walk, "user-ca", ca)
     # What sshd runs is known only once running_sshd made each host's key: the CA signs
     # it and the host's drop-ins are written (and Included) before that sshd starts.
     jump_conf = walk.block("file", "/etc/ssh/sshd_config.d/sshadapter-jump.conf").text
     # web3 and the bastion: two more test sshds, on the same address as the others.
     walk.substitutions.insert(0, ("web3.internal.example", walk.sshd.address))
     walk.unused.add("web3.internal.example")
-    # The bastion's credential drop-in: in the test's directory, not this machine's /etc.
+    # The credential drop-ins: in the test's directory, not this machine's /etc.
     bastion_conf = "/etc/systemd/system/sshadapter.service.d/bastion.conf"
-    walk.substitutions.insert(0, (bastion_conf, str(walk.tmp / "systemd/bastion.conf")))
-    walk.unused.add(bastion_conf)
+    web3_conf = "/etc/systemd/system/sshadapter.service.d/web3.conf"
+    for unit in (bastion_conf, web3_conf):
+        walk.substitutions.insert(0, (unit, str(walk.tmp / "systemd" / Path(unit).name)))
+        walk.unused.add(unit)
     login = login_account()
 
-    def certified(*drop_ins: str) -> Callable[[Path], str]:
+    def certified(*drop_ins: str, user_ca: bool = False) -> Callable[[Path], str]:
         def configure(workdir: Path) -> str:
             run_on(walk, "host-cert", ca, host=workdir)
+            if user_ca:  # the copy of the user CA's public half, and the principals file
+                shutil.copyfile(
+                    ca / "fleet_user_ca.pub", on_host("/etc/ssh/sshadapter-user-ca.pub", workdir)
+                )
+                write_on_host(walk, "/etc/ssh/sshadapter-principals", workdir)
             included = [write_on_host(walk, path, workdir) for path in drop_ins]
             return "".join(f"Include {path}\n" for path in included)
 
         return configure
 
     with (
-        running_sshd(configure=certified("/etc/ssh/sshd_config.d/host-certificate.conf")) as web3,
+        running_sshd(
+            configure=certified(
+                "/etc/ssh/sshd_config.d/host-certificate.conf",
+                "/etc/ssh/sshd_config.d/sshadapter-user-ca.conf",
+                user_ca=True,
+            )
+        ) as web3,
         running_sshd(
             configure=certified(
                 "/etc/ssh/sshd_config.d/host-certificate.conf",
@@ -593,13 +610,13 @@ def reach_behind_a_bastion(walk: Walkthrough, config: Path, fleet_drop_in: Path)
             f'command="/bin/false",from="{walk.sshd.address}" ssh-ed25519 '
         ), printed
         (bastion.workdir / "authorized_keys").write_text(printed + "\n")
-        # web3 is set up as web1: the fleet key's line (from= the bastion: one address here).
-        fleet_line = [
-            line
-            for line in (walk.sshd.workdir / "authorized_keys").read_text().splitlines()
-            if "sshadapter-fleet@" in line
-        ]
-        (web3.workdir / "authorized_keys").write_text(fleet_line[0] + "\n")
+        # web3 accepts no key by authorized_keys: only the certificate, by the principals file.
+        (web3.workdir / "authorized_keys").write_text("")
+        keys = walk.root / "etc/sshadapter/keys"
+        shutil.copyfile(keys / "fleet.key.pub", ca / "fleet.key.pub")  # the copy there
+        run_on(walk, "user-cert", ca)
+        shutil.copyfile(ca / "fleet.key-cert.pub", keys / "fleet.key-cert.pub")  # and back
+        web3_drop_in = walk.write(web3_conf)
         bastion_drop_in = walk.write(bastion_conf)
         walk.write("/etc/sshadapter/inventory.d/dc2.toml")
         walk.run("bastion-policy")
@@ -608,16 +625,25 @@ def reach_behind_a_bastion(walk: Walkthrough, config: Path, fleet_drop_in: Path)
             "kernel_release"
         ]
 
-        # The restart: new hosts and the bastion's credential.
-        with started_daemon(walk, config, drop_ins=(fleet_drop_in, bastion_drop_in)):
+        # The restart: new hosts, the bastion's key and the certificate as credentials.
+        with started_daemon(walk, config, drop_ins=(fleet_drop_in, bastion_drop_in, web3_drop_in)):
             assert _lines(walk.run("call-bastion")) == _lines(walk.output("call-bastion"))
             assert _lines(walk.run("bastion-tunnels")) == _lines(walk.output("bastion-tunnels"))
+            # The series the guide shows; its value: the day it was signed for, less a little.
+            (series, left), (shown, _) = (
+                line.rsplit(" ", 1)
+                for line in (walk.run("cert-expiry").strip(), walk.output("cert-expiry").strip())
+            )
+            assert series == shown and 0 < float(left) <= USER_CERT_SECONDS, left
 
         # A thief with the bastion key: a command and a shell run nothing.
         key = walk.root / "etc/sshadapter/keys/bastion.key"
         for command in (["id"], []):
             stolen = thief_ssh(key, bastion, command)
             assert (stolen.returncode, stolen.stdout) == (1, ""), stolen
+
+
+USER_CERT_SECONDS: Final = 86400  # the guide's user certificate: -V +1d
 
 
 def run_on(walk: Walkthrough, name: str, cwd: Path, host: Path | None = None) -> str:
@@ -641,16 +667,17 @@ def run_on(walk: Walkthrough, name: str, cwd: Path, host: Path | None = None) ->
 def on_host(text: str, workdir: Path) -> str:
     """A host's /etc/ssh paths and its jump account, on the test sshd that plays it."""
     return (
-        text.replace("/etc/ssh/sshd_config.d/", f"{workdir}/sshd_config.d/")
-        .replace("/etc/ssh/ssh_host_ed25519_key", f"{workdir}/host_key")
+        text.replace("/etc/ssh/ssh_host_ed25519_key", f"{workdir}/host_key")
+        .replace("/etc/ssh/", f"{workdir}/")
         .replace("Match User jump\n", f"Match User {login_account()}\n")
+        .replace("Match User sshadapter\n", f"Match User {login_account()}\n")
     )
 
 
 def write_on_host(walk: Walkthrough, path: str, workdir: Path) -> Path:
     """A guide:file block of a host's /etc/ssh, written into the sshd's workdir."""
     target = Path(on_host(path, workdir))
-    target.parent.mkdir(exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(walk.localize(on_host(walk.block("file", path).text, workdir)))
     return target
 

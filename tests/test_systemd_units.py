@@ -210,11 +210,11 @@ def test_service_exposure_is_at_most_1_5(installed: Path) -> None:
 
 
 def test_the_guides_drop_ins_verify_and_keep_the_rating(installed: Path, tmp_path: Path) -> None:
-    """Each unit drop-in the guide shows (a fleet's key, another key, an IP allow list) verifies."""
+    """Each unit drop-in the guide shows (keys, a user certificate, an IP allow list) verifies."""
     root = tmp_path / "root"
     shutil.copytree(installed, root, symlinks=True)
     drop_ins = [b for b in guide_blocks() if b.kind == "file" and b.arg.startswith("/etc/systemd/")]
-    assert len(drop_ins) == 3
+    assert len(drop_ins) == 5  # fleet, bastion and web3 (its certificate), db1, ip
     for block in drop_ins:
         target = root / block.arg.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
