@@ -26,6 +26,7 @@ printed authorized_keys line is the bastion's only key.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -36,8 +37,11 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
@@ -120,6 +124,10 @@ PINNED: dict[str, str] = {
     " >> ~jump/.ssh/authorized_keys": (
         "here: the line the bastion-keygen block printed is the bastion sshd's only key"
     ),
+    "usermod -a -G sshadapter-agents alice": (
+        "here: the socket's group becomes the approver's own (nogroup), standing for it"
+    ),
+    "systemctl restart sshadapter": "here: SIGTERM, then ExecStart= again as activated",
 }
 
 
@@ -197,6 +205,11 @@ class Walkthrough:
         self.substitutions = [
             ("/usr/local/libexec/sshadapter-dispatch", f"{self.host}/libexec/sshadapter-dispatch"),
             ("/etc/sshadapter-dispatch", f"{self.host}/conf/sshadapter-dispatch"),
+            # The unit's drop-ins: in the test's directory, never this machine's /etc.
+            (
+                "/etc/systemd/system/sshadapter.service.d/",
+                f"{self.root}/etc/systemd/system/sshadapter.service.d/",
+            ),
             ("/etc/sshadapter", f"{self.root}/etc/sshadapter"),
             ("/var/lib/sshadapter", f"{self.root}/var/lib/sshadapter"),
             ("/var/log/sshadapter", f"{self.root}/var/log/sshadapter"),
@@ -444,6 +457,8 @@ def test_the_guide_from_adding_a_host_to_reading_the_audit(walk: Walkthrough) ->
 
     # Reach hosts behind a bastion, pinned by a certificate authority: web3 behind it.
     reach_behind_a_bastion(walk, config, drop_in)
+    # Run something as root, with a person's consent: real sudo, the approver another uid.
+    root_operation_with_approval(walk, config, drop_in)
 
     # Every block of the guide was used here, or in test_systemd_units (the unit drop-ins).
     drop_ins = {
@@ -512,6 +527,231 @@ def started_daemon(
             if daemon.poll() is None:
                 daemon.kill()
             daemon.wait()
+
+
+# Run something as root, with a person's consent -------------------------------------------
+
+APPROVER_UID: Final = 65534  # nobody: the guide's alice, any uid but the agent's
+APPROVER_GID: Final = 65534  # nogroup: stands for sshadapter-agents, the socket's group
+SUDOERS_DIR: Final = Path("/etc/sudoers.d")  # sudo reads drop-ins only here
+SHOWN_REQUEST_ID: Final = "req.5d2c8e1f0a7b3946c1e8"  # the guide's example id
+ROOT_COMMAND: Final = "/usr/bin/sudo -n -u root -- /usr/bin/id -un"
+ROOT_DIGEST: Final = hashlib.sha256(ROOT_COMMAND.encode()).hexdigest()  # what is approved
+APPROVAL_TIMEOUT_SECONDS: Final = 300  # whoami_root.toml's [approval] timeout_seconds
+# Listing until the call waits: it is held once its arguments are checked, in milliseconds;
+# 200 listings of a process start each leave it ample time on a loaded machine.
+PENDING_POLLS: Final = 200
+PENDING_POLL_SECONDS: Final = 0.05
+# The files of every top-level module `sshadapter approvals list` imports, this package and
+# its libraries among them (what the approver's copy holds).
+_IMPORTED: Final = """
+import sys
+from sshadapter.cli import _parser
+_parser().parse_args(["approvals", "list"])
+for name, module in list(sys.modules.items()):
+    if "." not in name and getattr(module, "__file__", None):
+        print(module.__file__)
+"""
+# This interpreter where the approver may run it, else the system's: the copied extensions
+# (orjson, pydantic_core) load only in the minor version they were built for, as the probe
+# shows (scripts/test builds .venv from the system's python3).
+APPROVER_PYTHONS: Final = (os.path.realpath(sys.executable), "/usr/bin/python3")
+_NO_CACHE: Final = shutil.ignore_patterns("__pycache__")
+_CALLER: Final = re.compile(r"^  caller     uid (\d+) gid (\d+) pid (\d+)$")
+_EXPIRES: Final = re.compile(r"^  expires    (\S+)$")
+
+
+def require_root_and_sudo() -> None:
+    """The section installs a sudoers drop-in and runs the approver as another uid: root
+    and sudo/visudo (scripts/install-test-deps), or a skip here and a failure under $CI."""
+    if os.geteuid() == 0 and shutil.which("sudo") and shutil.which("visudo"):
+        return
+    message = "root operations need root and sudo/visudo: run scripts/install-test-deps as root"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@dataclass(frozen=True)
+class Approver:
+    """The approver's own process: its uid, and a directory it can reach holding a shim for
+    `sshadapter` and a hard link to the daemon's socket (the walk's tree is root's alone)."""
+
+    directory: Path
+    socket: Path
+
+    def run(self, walk: Walkthrough, name: str, request_id: str = SHOWN_REQUEST_ID) -> str:
+        """The guide's block run as the approver, the socket given and the id the real one."""
+        script = walk.localize(walk.block("run", name).text).replace(SHOWN_REQUEST_ID, request_id)
+        script = re.sub(
+            r"\bsshadapter approvals (list|approve|deny)\b",
+            rf"sshadapter approvals \1 --socket {self.socket}",
+            script,
+        )
+        done = subprocess.run(
+            ["sh", "-e", "-c", script],
+            cwd=self.directory,
+            env={
+                **walk.env,
+                "PATH": f"{self.directory}:{os.environ['PATH']}",
+                "PYTHONPATH": str(self.directory / "lib"),
+            },
+            user=APPROVER_UID,
+            group=APPROVER_GID,
+            extra_groups=[],
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_SECONDS,
+        )
+        assert done.returncode == 0, f"{name}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+
+@contextlib.contextmanager
+def approver_of(walk: Walkthrough) -> Iterator[Approver]:
+    """The approver's directory (0755), its shim, the socket's group set to its gid."""
+    directory = Path(tempfile.mkdtemp(prefix="sshadapter-approver-"))
+    try:
+        directory.chmod(0o755)
+        link = directory / "sshadapter.sock"
+        os.link(walk.socket_path, link)  # one socket, two names: connect() finds its inode
+        os.chown(walk.socket_path, -1, APPROVER_GID)
+        # This checkout and its interpreter may be root's alone (under /root): the approver
+        # runs a copy of the packages its command imports, as if installed for every user.
+        found = subprocess.run(
+            [sys.executable, "-c", _IMPORTED],
+            env=walk.env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=COMMAND_TIMEOUT_SECONDS,
+        )
+        for path in map(Path, found.stdout.split()):
+            if "site-packages" in path.parts or path.is_relative_to(ROOT):
+                if path.name == "__init__.py":
+                    shutil.copytree(
+                        path.parent, directory / "lib" / path.parent.name, ignore=_NO_CACHE
+                    )
+                else:
+                    (directory / "lib").mkdir(exist_ok=True)
+                    shutil.copy(path, directory / "lib")
+        shim = directory / "sshadapter"
+        for python in APPROVER_PYTHONS:
+            shim.write_text(f'#!/bin/sh\nexec "{python}" -m sshadapter.cli "$@"\n')
+            shim.chmod(0o755)
+            probe = subprocess.run(
+                [str(shim), "--version"],
+                cwd=directory,
+                env={**walk.env, "PYTHONPATH": str(directory / "lib")},
+                user=APPROVER_UID,
+                group=APPROVER_GID,
+                extra_groups=[],
+                capture_output=True,
+                text=True,
+                timeout=COMMAND_TIMEOUT_SECONDS,
+            )
+            if probe.returncode == 0:
+                break
+        else:
+            raise AssertionError(f"no Python the approver's uid can run: {probe.stderr}")
+        yield Approver(directory, link)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def root_operation_with_approval(walk: Walkthrough, config: Path, drop_in: Path) -> None:
+    """The guide's root operation: approver configured, sudoers drop-in proved and installed
+    (in the real /etc/sudoers.d, removed at the end), restart, a call held until the approver
+    approves it, then run as root through sshd, the dispatcher and sudo; and the audit."""
+    require_root_and_sudo()
+    installed = SUDOERS_DIR / f"sshadapter-guide-{os.getpid()}"  # no ".": sudo would skip it
+    for old, new in (
+        ("/etc/sudoers.d/sshadapter", str(installed)),
+        ("uids = [1002]", f"uids = [{APPROVER_UID}]"),
+    ):
+        walk.substitutions.insert(0, (old, new))
+        walk.unused.add(old)
+    walk.run("approvals-config")
+    walk.write("/etc/sshadapter/commands/whoami_root.toml")
+    walk.write("/etc/sshadapter/schemas/whoami_root.v1.json")
+    try:
+        printed = walk.run("sudoers")
+        shown = walk.output("sudoers").replace("sshadapter ALL", f"{walk.sshd.user} ALL")
+        assert _lines(printed) == _lines(shown)
+        operations = json.loads((walk.work / "ci.policy.json").read_text())["operations"]
+        assert sorted(operations) == ["file_stat", "kernel_release", "whoami_root"]
+        walk.run("sudoers-install")
+        assert stat.S_IMODE(installed.stat().st_mode) == 0o440 and installed.stat().st_uid == 0
+        digest = json.loads((walk.work / "ci.policy.json").read_text())["digest"]
+        assert f"# {digest}: install both together." in installed.read_text()
+
+        with started_daemon(walk, config, drop_ins=(drop_in,)), approver_of(walk) as approver:
+            call = subprocess.Popen(
+                ["sh", "-e", "-c", walk.localize(walk.block("run", "call-root").text)],
+                cwd=walk.work,
+                env=walk.env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                listed = _pending_listing(walk, approver)
+                request_id = listed[0].split()[0]
+                assert REQUEST_ID.match(request_id)
+                _assert_shown(listed, walk.output("approvals-list"), request_id)
+                approved = approver.run(walk, "approvals-approve", request_id).splitlines()
+                _assert_shown(approved, walk.output("approvals-approve"), request_id)
+                out, err = call.communicate(timeout=COMMAND_TIMEOUT_SECONDS)
+            finally:
+                if call.poll() is None:
+                    call.kill()
+                    call.wait()
+            assert call.returncode == 0, out + err
+            envelope = json.loads(out)
+            expected = json.loads(walk.output("call-root"))
+            assert envelope == {**expected, "request_id": request_id}
+
+            events = walk.run("audit-approval")
+            assert _lines(events) == _lines(
+                walk.output("audit-approval").replace("1002", str(APPROVER_UID))
+            )
+            records = [
+                json.loads(line)
+                for line in (walk.root / "var/log/sshadapter/audit.jsonl").read_text().splitlines()
+            ]
+            intent = next(
+                r for r in records if r["type"] == "intent" and r["request_id"] == request_id
+            )
+            assert intent["command"] == ROOT_COMMAND
+            assert intent["approval"]["approver"]["uid"] == APPROVER_UID
+            assert intent["approval"]["digest"] == ROOT_DIGEST
+    finally:
+        installed.unlink(missing_ok=True)
+
+
+def _pending_listing(walk: Walkthrough, approver: Approver) -> list[str]:
+    """The approver's listing once the agent's call waits in it."""
+    for _ in range(PENDING_POLLS):
+        listed = _lines(approver.run(walk, "approvals-list"))
+        if listed != ["no call waits for approval"]:
+            return listed
+        time.sleep(PENDING_POLL_SECONDS)
+    raise AssertionError("the agent's call never waited for approval")
+
+
+def _assert_shown(got: list[str], shown: str, request_id: str) -> None:
+    """What the approver is shown is the guide's, but for the caller's ids and the expiry."""
+    expected = _lines(shown.replace(SHOWN_REQUEST_ID, request_id))
+    assert len(got) == len(expected), got
+    for line, want in zip(got, expected, strict=True):
+        if (caller := _CALLER.match(line)) and _CALLER.match(want):
+            assert caller.group(1, 2) == (str(os.getuid()), str(os.getgid()))
+        elif (expires := _EXPIRES.match(line)) and _EXPIRES.match(want):
+            left = datetime.fromisoformat(expires[1]) - datetime.now(UTC)
+            assert 0 < left.total_seconds() <= APPROVAL_TIMEOUT_SECONDS
+        else:
+            assert line == want
+    assert f"  sha256     {ROOT_DIGEST}" in expected  # the guide shows the true digest
 
 
 def _lines(text: str) -> list[str]:
