@@ -2,21 +2,38 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 from pathlib import Path
+from typing import Final
 
 import asyncssh
 import orjson
 import pytest
-from daemon_harness import JOB_COMMAND, JOB_OUT, Running, shipped_commands, with_daemon
+from daemon_harness import JOB_COMMAND, JOB_OUT, ROOT, Running, shipped_commands, with_daemon
+from sshd import running_sshd, write_known_hosts
 
 from sshadapter.config import HostSection
+from sshadapter.daemon.metrics import CALL_OUTCOMES, Metrics
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 
+RULES = ROOT / "prometheus" / "sshadapter.rules.yml"
+RULE_TESTS = ROOT / "prometheus" / "sshadapter.rules.test.yml"
+DASHBOARD = ROOT / "prometheus" / "grafana-dashboard.json"
+RUNBOOKS = ROOT / "docs" / "runbooks.md"
+# Rules in prometheus/sshadapter.rules.yml: 3 recording rules and 10 alerts.
+RULE_COUNT: Final = 13
+# Metrics the dashboard may name besides the daemon's: Prometheus's own scrape status.
+PROMETHEUS_METRICS: Final = frozenset({"up"})
+_RULE = re.compile(r"^ +- (alert|record): (\S+)$", re.M)
+_RUNBOOK = re.compile(r'^ +runbook_url: "([^"]+)"$', re.M)
+_CASE = re.compile(r"alertname: (\w+)\n +exp_alerts:( \[\])?")
+_METRIC_NAME = re.compile(r"\b((?:sshadapter|process)_[a-z_]+|up)\b(?!\s*[=(])")
 CALL = {"op": "call", "tool": "job_run_status", "args": {"project_id": "bluebird"}}
 LOAD = {"op": "call", "tool": "load_average", "args": {}}
 
@@ -100,7 +117,7 @@ def test_alert_rules_in_the_docs_pass_promtool() -> None:
         timeout=30,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 9 rules found" in checked.stdout
+    assert f"SUCCESS: {RULE_COUNT} rules found" in checked.stdout
     shown = (root / "docs" / "metrics.md").read_text()
     for line in (root / "prometheus" / "sshadapter.rules.yml").read_text().splitlines():
         if (
@@ -187,3 +204,206 @@ def test_reloads_are_counted_by_result(tmp_path: Path) -> None:
         check_with_promtool(text)
 
     with_daemon(tmp_path, body, commands=commands)
+
+
+def alert_runbooks() -> dict[str, str | None]:
+    """Each alert of the rules file, and its runbook_url (None when it has none)."""
+    text = RULES.read_text()
+    rules = list(_RULE.finditer(text))
+    found: dict[str, str | None] = {}
+    for rule, following in zip(rules, [*rules[1:], None], strict=True):
+        if rule[1] == "alert":
+            block = text[rule.end() : following.start() if following else len(text)]
+            runbook = _RUNBOOK.search(block)
+            found[rule[2]] = runbook[1] if runbook else None
+    return found
+
+
+def test_every_alert_fires_on_its_scenario_and_stays_silent_otherwise() -> None:
+    """promtool test rules passes, with a firing and a silent case for every alert."""
+    checked = subprocess.run(
+        [promtool(), "test", "rules", RULE_TESTS.name],
+        cwd=RULE_TESTS.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    cases = _CASE.findall(RULE_TESTS.read_text())
+    firing = {name for name, empty in cases if not empty}
+    silent = {name for name, empty in cases if empty}
+    assert firing == silent == set(alert_runbooks())
+    assert len(alert_runbooks()) == 10
+
+
+def test_every_alert_has_a_runbook_section_in_the_docs() -> None:
+    """Each alert's runbook_url is docs/runbooks.md#its-name, a heading there, and a table row."""
+    headings = re.findall(r"^## (\S+)$", RUNBOOKS.read_text(), re.M)
+    table = (ROOT / "docs" / "metrics.md").read_text()
+    for alert, runbook in alert_runbooks().items():
+        assert runbook == f"docs/runbooks.md#{alert.lower()}", alert
+        assert alert in headings, alert
+        assert f"| `{alert}` |" in table, alert
+    assert sorted(headings) == sorted(alert_runbooks())
+
+
+def test_known_label_sets_start_at_zero_and_process_metrics_are_exported(tmp_path: Path) -> None:
+    """Every tool's calls_total and both reload results read 0 at start, and after a reload."""
+    commands = shipped_commands(tmp_path)
+
+    async def body(d: Running) -> None:
+        text = d.service.metrics.exposition().decode()
+        for tool in [*d.service.tool_names, "sshadapter"]:
+            for outcome, code in CALL_OUTCOMES:
+                line = f'sshadapter_calls_total{{code="{code}",outcome="{outcome}",tool="{tool}"}}'
+                assert f"{line} 0.0" in text, line
+        assert 'sshadapter_reloads_total{result="failure"} 0.0' in text
+        assert "process_start_time_seconds " in text
+        assert "process_resident_memory_bytes " in text
+        (commands / "load_average_copy.toml").write_text(
+            (commands / "load_average.toml").read_text()
+        )
+        d.daemon.reload()
+        assert "load_average_copy" in d.service.tool_names
+        text = d.service.metrics.exposition().decode()
+        assert (
+            'sshadapter_calls_total{code="INVALID_RESPONSE",outcome="failure",'
+            'tool="load_average_copy"} 0.0' in text
+        )
+        check_with_promtool(text)
+
+    with_daemon(tmp_path, body, commands=commands)
+
+
+def test_a_first_host_key_mismatch_scraped_from_the_daemon_fires_the_alert(tmp_path: Path) -> None:
+    """A real sshd's changed host key: the series appears at 1, and promtool fires the alert."""
+    with running_sshd() as sshd:
+        other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode()
+        known = write_known_hosts(tmp_path / "known_hosts", sshd.address, sshd.port, other)
+        host = HostSection(
+            address=sshd.address,
+            port=sshd.port,
+            user=sshd.user,
+            client_keys=(sshd.client_key,),
+            known_hosts=known,
+        )
+        scraped: list[str] = []
+
+        async def body(d: Running) -> None:
+            before = d.service.metrics.exposition().decode()
+            assert "sshadapter_ssh_connect_failures_total{" not in before
+            answer = await d.ask(LOAD)
+            assert answer["error"] == {"code": "UPSTREAM_UNAVAILABLE", "retryable": False}
+            scraped.extend(
+                line
+                for line in d.service.metrics.exposition().decode().splitlines()
+                if line.startswith("sshadapter_ssh_connect_failures_total{")
+            )
+
+        with_daemon(tmp_path, body, ssh=True, hosts={"ci": host, "local": host})
+    assert scraped == [
+        'sshadapter_ssh_connect_failures_total{host="local",reason="host_key_mismatch"} 1.0'
+    ]
+    series, value = scraped[0].rsplit(" ", 1)
+    (tmp_path / "rules.yml").write_text(RULES.read_text())
+    (tmp_path / "scrape.test.yml").write_text(
+        json.dumps(  # JSON is YAML: one scrape before the failure, then the daemon's own
+            {
+                "rule_files": ["rules.yml"],
+                "evaluation_interval": "1m",
+                "tests": [
+                    {
+                        "interval": "1m",
+                        "input_series": [{"series": series, "values": f"_x5 {value}x10"}],
+                        "alert_rule_test": [
+                            {"eval_time": "4m", "alertname": ALERT, "exp_alerts": []},
+                            {
+                                "eval_time": "6m",
+                                "alertname": ALERT,
+                                "exp_alerts": [
+                                    {
+                                        "exp_labels": {
+                                            "severity": "critical",
+                                            "host": "local",
+                                            "reason": "host_key_mismatch",
+                                        },
+                                        "exp_annotations": {
+                                            "summary": "sshadapter cannot authenticate to "
+                                            "local (host_key_mismatch)",
+                                            "runbook_url": "docs/runbooks.md#"
+                                            "sshadapterhostkeyorauthfailure",
+                                        },
+                                    }
+                                ],
+                            },
+                        ],
+                    }
+                ],
+            }
+        )
+    )
+    checked = subprocess.run(
+        [promtool(), "test", "rules", "scrape.test.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+ALERT = "SshadapterHostKeyOrAuthFailure"
+
+
+def dashboard_expressions() -> list[str]:
+    """Every PromQL expression of the Grafana dashboard, panel by panel."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+
+
+def exported_names() -> set[str]:
+    """Every sample name the daemon's registry exports (as docs/metrics.md lists them)."""
+    metrics = Metrics()
+    metrics.watch_connections(dict)
+    metrics.watch_credentials(dict)
+    metrics.watch_tunnels(dict)
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+    return {
+        family.name + suffix
+        for family in metrics.registry.collect()
+        for suffix in suffixes.get(family.type, ("",))
+    }
+
+
+def test_every_dashboard_expression_passes_promtool_and_names_exported_metrics(
+    tmp_path: Path,
+) -> None:
+    """Each dashboard query passes promtool and names only metrics the daemon exports (or up)."""
+    expressions = dashboard_expressions()
+    assert len(expressions) == 30
+    rules = tmp_path / "dashboard.rules.yml"
+    rules.write_text(
+        json.dumps(
+            {
+                "groups": [
+                    {
+                        "name": "dashboard",
+                        "rules": [
+                            {"record": f"dashboard:query{i}", "expr": expr}
+                            for i, expr in enumerate(expressions)
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    checked = subprocess.run(
+        [promtool(), "check", "rules", str(rules)], capture_output=True, text=True, timeout=30
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(expressions)} rules found" in checked.stdout
+    known = exported_names() | PROMETHEUS_METRICS
+    named = {name for expr in expressions for name in _METRIC_NAME.findall(expr)}
+    assert named - known == set()
+    daemon = {name for name in named if name.startswith("sshadapter_")}
+    assert len(daemon) >= 20  # the pattern still finds them

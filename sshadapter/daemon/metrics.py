@@ -9,7 +9,7 @@ Nothing a client or a remote side sends becomes a label.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from prometheus_client import (
@@ -17,6 +17,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
@@ -24,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sshadapter import __version__
+from sshadapter.contract.codes import CODES, SYSTEM_TOOL
 from sshadapter.runners.ssh.fleet import CLOSE_REASONS
 
 # Seconds: a warm SSH call takes ~4 ms; timeouts go up to minutes.
@@ -36,6 +38,11 @@ CLIENT_DROP_REASONS: Final = (
     "write_timeout",  # the answer not taken within write_timeout_seconds
     "connection_limit",  # over max_connections: answered OVERLOADED, then dropped
 )
+# Every (outcome, code) of sshadapter_calls_total: a success, or a failure with one of the
+# codes. know_tools starts these at 0 for each loaded tool: 8 series a tool, so an alert's
+# increase() sees a tool's first failure (docs/metrics.md "Series that start at 0").
+CALL_OUTCOMES: Final = (("success", "none"), *(("failure", code) for code in CODES))
+RELOAD_RESULTS: Final = ("success", "failure")
 # Bytes of stdout: from a one-line fact to the 16 MiB ceiling.
 OUTPUT_BUCKETS: Final = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216)
 
@@ -195,10 +202,24 @@ class Metrics:
             self.client_drops.labels(reason)
         for reason in CLOSE_REASONS:
             self.connections_closed.labels(reason)
+        for result in RELOAD_RESULTS:
+            self.reloads.labels(result)
+        self.know_tools(())
+        # process_* (CPU, memory, file descriptors, start time): the SshadapterDown runbook
+        # and the dashboard read them; on a system without /proc it exports nothing.
+        ProcessCollector(registry=r)
         build = Gauge(
             "sshadapter_build_info", "Version of the running daemon.", ["version"], registry=r
         )
         build.labels(__version__).set(1)
+
+    def know_tools(self, names: Iterable[str]) -> None:
+        """Start every calls_total series of these tools (and of ``sshadapter``) at 0: at
+        start and at each reload, so a tool's first failure is an increase, not a new series
+        that increase() reads as 0. A tool a reload removes keeps its series, at its count."""
+        for tool in (SYSTEM_TOOL, *names):
+            for outcome, code in CALL_OUTCOMES:
+                self.calls.labels(tool, outcome, code)
 
     def watch_connections(self, source: Callable[[], Mapping[str, int]]) -> None:
         self.registry.register(_ConnectionsCollector(source))

@@ -221,6 +221,7 @@ class Service:
             for key, text in op.warnings:
                 log.warning("%s: %s: %s", op.file, key, text)
         self.registry = registry
+        self.metrics.know_tools(registry.operations)
         self.judge.start(registry)
         self.approvals.end("invalidated", self._unchanged)
 
