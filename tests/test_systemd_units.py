@@ -319,7 +319,7 @@ def test_the_shipped_examples_name_what_the_units_create() -> None:
     # The comment above socket_path says who makes its directory: the socket unit.
     text = (ROOT / "config.example.toml").read_text()
     comment = text[text.index("[server]") : text.index("socket_path =")]
-    assert "sshadapter.socket" in comment and "created by systemd (RuntimeDirectory=)" not in comment
+    assert "sshadapter.socket" in comment and "(RuntimeDirectory=)." not in comment
     assert "usermod -a -G sshadapter-agents agent\n" in (ROOT / "README.md").read_text()
 
 
