@@ -22,6 +22,7 @@ import orjson
 
 from sshadapter import __version__, client
 from sshadapter.errors import ConfigError
+from sshadapter.shipped import docs_location
 
 if TYPE_CHECKING:
     from sshadapter.config import Config
@@ -70,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
         "operator defined and answers with validated facts or a failure code.",
         epilog="Exit status: 0 success, 1 a failed call or a missed check, 2 a usage or "
         "configuration error (one line naming the file, the key and the reason). "
-        "Reference: docs/ in the source tree.",
+        f"Reference: {docs_location()}; the example operations, units and rules: "
+        "sshadapter examples --write DIR.",
     )
     parser.add_argument("--version", action="version", version=f"sshadapter {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -119,6 +121,18 @@ def _parser() -> argparse.ArgumentParser:
         "make example calls, clean up (no root, no sshd, no config)",
     )
     demo.set_defaults(handler=_cmd_demo)
+
+    examples = sub.add_parser(
+        "examples",
+        help="write out the shipped examples: commands/, schemas/, systemd/, prometheus/, "
+        "docs/, config.example.toml",
+        description="Copy the files shipped with this install into DIR (new or empty; never "
+        "overwrites), to edit and install as the README's operator guide says.",
+    )
+    examples.add_argument(
+        "--write", type=Path, required=True, metavar="DIR", help="a new or empty directory"
+    )
+    examples.set_defaults(handler=_cmd_examples)
 
     audit = sub.add_parser("audit", help="work with the audit trail")
     audit_sub = audit.add_subparsers(dest="audit_command", metavar="COMMAND", required=True)
@@ -353,6 +367,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     except DemoUnavailable as exc:  # installed without the checkout's examples
         print(f"sshadapter demo: {exc}", file=sys.stderr)
         return 2
+
+
+def _cmd_examples(args: argparse.Namespace) -> int:
+    from sshadapter.shipped import ExamplesMissing, write_examples
+
+    try:
+        written = write_examples(args.write)
+    except (ExamplesMissing, OSError) as exc:
+        print(f"sshadapter examples: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {' '.join(written)} to {args.write}")
+    return 0
 
 
 def _cmd_mcp(args: argparse.Namespace) -> int:

@@ -52,6 +52,7 @@ from sshadapter.daemon.assemble import assemble
 from sshadapter.daemon.server import load
 from sshadapter.daemon.unix_socket import bind_socket
 from sshadapter.dispatch import policy
+from sshadapter.shipped import ExamplesMissing, examples_root
 
 LOCAL_TIMEOUT_SECONDS: Final = 10.0  # the dispatcher and one of the local commands
 
@@ -557,16 +558,11 @@ class DemoUnavailable(Exception):
 
 
 def _examples_root() -> Path:
-    """The shipped commands/ and schemas/: the checkout this package runs from, or the cwd."""
-    candidates = (Path(__file__).resolve().parents[1], Path.cwd())
-    for candidate in candidates:
-        if (candidate / "commands").is_dir() and (candidate / "schemas").is_dir():
-            return candidate
-    raise DemoUnavailable(
-        "no commands/ and schemas/ in "
-        + " or ".join(str(c) for c in candidates)
-        + ": run it from a checkout (pip install -e .), as the README says"
-    )
+    """The shipped commands/ and schemas/: the checkout or the installed package data."""
+    try:
+        return examples_root()
+    except ExamplesMissing as exc:
+        raise DemoUnavailable(str(exc)) from exc
 
 
 def _demo_commands(source: Path, target: Path) -> Path:
@@ -575,7 +571,7 @@ def _demo_commands(source: Path, target: Path) -> Path:
     target.mkdir()
     for path in source.glob("*.toml"):
         text = path.read_text().replace(
-            'allow = { groups = ["agents"] }', f"allow = {{ uids = [{os.getuid()}] }}"
+            'allow = { groups = ["sshadapter-agents"] }', f"allow = {{ uids = [{os.getuid()}] }}"
         )
         (target / path.name).write_text(text)
     shipped = (source / "load_average.toml").read_text()

@@ -80,8 +80,8 @@ def shipped_commands(tmp_path: Path) -> Path:
         text = path.read_text()
         if path.stem == "job_run_status":
             text = text.replace(
-                'allow = { groups = ["agents"] }',
-                f'allow = {{ groups = ["agents"], uids = [{os.getuid()}] }}',
+                'allow = { groups = ["sshadapter-agents"] }',
+                f'allow = {{ groups = ["sshadapter-agents"], uids = [{os.getuid()}] }}',
             )
         (commands / path.name).write_text(text)
     return commands

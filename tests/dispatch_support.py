@@ -231,7 +231,7 @@ def open_commands(target: Path, *, drop: tuple[str, ...] = ()) -> Path:
         if path.stem in drop:
             continue
         text = path.read_text().replace(
-            'allow = { groups = ["agents"] }', f"allow = {{ uids = [{os.getuid()}] }}"
+            'allow = { groups = ["sshadapter-agents"] }', f"allow = {{ uids = [{os.getuid()}] }}"
         )
         (target / path.name).write_text(text)
         fixtures = path.with_suffix(".fixtures")

@@ -192,8 +192,8 @@ def write_daemon_files(workdir: Path, sshd: Sshd) -> Path:
     for path in (workdir / "commands").glob("*.toml"):  # the `ci` examples: this uid too
         path.write_text(
             path.read_text().replace(
-                'allow = { groups = ["agents"] }',
-                f'allow = {{ groups = ["agents"], uids = [{os.getuid()}] }}',
+                'allow = { groups = ["sshadapter-agents"] }',
+                f'allow = {{ groups = ["sshadapter-agents"], uids = [{os.getuid()}] }}',
             )
         )
     (workdir / "commands" / "slow_read.toml").write_text(SLOW_READ)

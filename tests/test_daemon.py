@@ -141,7 +141,7 @@ def test_list_shows_schemas_of_allowed_tools(tmp_path: Path) -> None:
 
     async def body(d: Running) -> None:
         tools = {t["name"]: t for t in (await d.ask({"op": "list"}))["tools"]}
-        # the `ci` tools allow only the group "agents"; the local ones use the default allow
+        # the `ci` tools allow only the group "sshadapter-agents"; the local ones: the default
         assert "disk_usage" in tools and "job_run_status" not in tools
         tool = tools["disk_usage"]
         assert set(tool) == {

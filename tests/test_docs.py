@@ -303,7 +303,8 @@ def _calls_of_every_kind(tmp_path: Path) -> list[dict[str, Any]]:
     review = commands / "review_status.toml"
     review.write_text(
         review.read_text().replace(
-            'allow = { groups = ["agents"] }', f"allow = {{ uids = [{os.getuid() + 4242}] }}"
+            'allow = { groups = ["sshadapter-agents"] }',
+            f"allow = {{ uids = [{os.getuid() + 4242}] }}",
         )
     )
     retried = [

@@ -116,7 +116,7 @@ def test_serve_and_call_round_trip_through_sshd(sshd: Sshd, tmp_path: Path) -> N
         assert done.returncode == 1
         assert json.loads(done.stdout)["error"] == {"code": "INVALID_REQUEST", "retryable": False}
 
-        # job_run_status allows the group "agents" only, which this caller is not in.
+        # job_run_status allows the group "sshadapter-agents" only, which this caller is not in.
         done = cli("call", "job_run_status", "project_id=bluebird", "--socket", sock)
         assert done.returncode == 1
         assert json.loads(done.stdout)["error"]["code"] == "DENIED"
@@ -129,7 +129,7 @@ def test_serve_and_call_round_trip_through_sshd(sshd: Sshd, tmp_path: Path) -> N
         assert done.returncode == 0
         names = {tool["name"] for tool in json.loads(done.stdout)["tools"]}
         assert {"load_average", "disk_usage", "mount_info"} <= names
-        assert "job_run_status" not in names  # allowed for group "agents" only
+        assert "job_run_status" not in names  # allowed for group "sshadapter-agents" only
 
         scrape = subprocess.run(
             [

@@ -29,6 +29,7 @@ LEAVES = frozenset(
         ".inventory",
         ".bounded_read",
         ".client",
+        ".shipped",
     )
 )
 # What each part may import besides itself and the leaves. The seam's value type

@@ -43,6 +43,7 @@ import stat
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -291,6 +292,35 @@ def test_socket_service_and_daemon_defaults_agree() -> None:
     assert f'credential = "{name}"' in example and source == f"/etc/sshadapter/keys/{name}"
     for incompatible in ("PrivateUsers", "PrivateNetwork", "DynamicUser", "IPAddressDeny"):
         assert (s, incompatible) not in service, f"{incompatible}=: see the unit's comment"
+
+
+def sysusers_groups() -> set[str]:
+    """The groups the shipped sysusers file creates: each `g`, and each `u`'s own group."""
+    lines = (SYSTEMD / "sshadapter.sysusers").read_text().splitlines()
+    fields = [line.split() for line in lines if line.strip() and not line.startswith("#")]
+    return {f[1] for f in fields if f[0] in {"g", "u"}}
+
+
+def test_the_shipped_examples_name_what_the_units_create() -> None:
+    """Every group an example allows is one sysusers creates; the config's socket is the unit's.
+
+    The example operations once allowed a group `agents` that no install creates: three
+    tools answered DENIED to an agent in sshadapter-agents.
+    """
+    groups = sysusers_groups()
+    assert one(directives(SYSTEMD / SOCKET), "Socket", "SocketGroup") in groups
+    for path in sorted((ROOT / "commands").glob("*.toml")):
+        allowed = tomllib.loads(path.read_text()).get("allow", {}).get("groups", [])
+        assert set(allowed) <= groups, f"{path.name}: allow.groups {allowed}"
+    example = tomllib.loads((ROOT / "config.example.toml").read_text())
+    assert set(example["server"]["allow"]["groups"]) <= groups
+    listen = one(directives(SYSTEMD / SOCKET), "Socket", "ListenStream")
+    assert example["server"]["socket_path"] == listen
+    # The comment above socket_path says who makes its directory: the socket unit.
+    text = (ROOT / "config.example.toml").read_text()
+    comment = text[text.index("[server]") : text.index("socket_path =")]
+    assert "sshadapter.socket" in comment and "(RuntimeDirectory=)." not in comment
+    assert "usermod -a -G sshadapter-agents agent\n" in (ROOT / "README.md").read_text()
 
 
 # The sandbox, enforced where it can be without systemd ---------------------
@@ -678,6 +708,10 @@ def test_the_units_run_the_daemon_under_real_systemd(booted: tuple[Path, int]) -
     assert call("load_average", user="agent")["outcome"] == "success"
     # ...and so does its primary group, straight from SO_PEERCRED.
     assert call("load_average", user="agent", group="sshadapter-agents")["outcome"] == "success"
+    # Every shipped operation is the agent's: the groups the examples allow are the units' own.
+    listed = _inside(pid1, "/usr/local/bin/sshadapter", "list", as_user="agent")
+    tools = {tool["name"] for tool in json.loads(listed.stdout)["tools"]}
+    assert tools == {path.stem for path in (ROOT / "commands").glob("*.toml")}
     audit = _inside(pid1, "stat", "-c", "%a %U", "/var/log/sshadapter/audit.jsonl").stdout
     assert audit == "600 sshadapter\n"
     rating = _inside(pid1, "systemd-analyze", "security", SERVICE).stdout
