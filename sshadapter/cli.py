@@ -92,6 +92,12 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the daemon")
     _add_config(serve)
+    serve.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default=None,
+        help="log lines at this level and above (default: [logging] level, info)",
+    )
     serve.set_defaults(handler=_cmd_serve)
 
     call = sub.add_parser("call", help="call a tool through the daemon, print the envelope")
@@ -331,16 +337,16 @@ def _add_socket(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from sshadapter.config import DEFAULT_CONFIG_PATH
+    from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
+    from sshadapter.daemon import logs
     from sshadapter.daemon.assemble import run_daemon
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    # asyncssh logs five INFO lines per command (0.3 ms each call, and journald rate limits):
-    # the audit trail is the record of calls; keep asyncssh to warnings.
-    logging.getLogger("asyncssh").setLevel(logging.WARNING)
     path = args.config
     if path is None and DEFAULT_CONFIG_PATH.is_file():
         path = DEFAULT_CONFIG_PATH
+    # [logging] first (environment overrides applied), so the daemon's first line is in it.
+    settings = load_config(path)[0].logging
+    logs.configure(args.log_level or settings.level, settings.format)
     return asyncio.run(run_daemon(path))
 
 
