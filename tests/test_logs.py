@@ -125,8 +125,11 @@ def call(socket_path: Path, request: dict[str, object]) -> dict[str, object]:
 def test_serve_under_the_journal_logs_each_refused_call_once_at_warning(
     sshd: Sshd, tmp_path: Path, fmt: str
 ) -> None:
-    """`sshadapter serve` with stderr as the journal: every line prefixed, a refused call and a
-    failed one each one <4> line with its request id, tool and code; an accepted one none."""
+    """`sshadapter serve` on the journal: each refused or failed call is one <4> line.
+
+    Every line is prefixed; the refused call's and the failed call's lines carry their
+    request id, tool and code; an accepted call writes none.
+    """
     config = write_config(tmp_path, sshd)
     config.write_text(config.read_text() + f'\n[logging]\nformat = "{fmt}"\n')
     stderr_path, notify_path = tmp_path / "stderr", tmp_path / "notify"

@@ -129,8 +129,10 @@ def test_audit_show_of_an_unknown_id_or_a_tampered_trail_is_one_line(
 def test_record_a_quarantined_rejection_into_a_case_check_runs(
     day: tuple[Path, dict[str, str]],
 ) -> None:
-    """--request: the quarantined bytes, args read back from the command, the daemon's verdict;
-    `check` passes the case; a second record of the same case is refused, nothing replaced."""
+    """--request writes a case `check` passes; recording it again replaces nothing.
+
+    The quarantined bytes, the arguments read back from the command, the daemon's verdict.
+    """
     config, ids = day
     done = cli("record", "rejected_state", "--request", ids["rejected"], "--config", str(config))
     assert done.returncode == 0, done.stderr

@@ -1,6 +1,6 @@
 """`sshadapter audit show REQUEST_ID`: one call's records, verified, as a person reads them.
 
-Reference: docs/audit.md "`sshadapter audit show`". The records are found across the
+Reference: docs/audit.md "Hash chain", `sshadapter audit show`. The records are found across the
 rotated files (``audit_verify.trail``) while the chain over every file read is checked
 (``audit_verify.verify``): a call is shown only from a trail that is whole. Every value
 printed comes from a file someone may have edited, so each is escaped (control characters
