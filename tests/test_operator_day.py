@@ -199,3 +199,44 @@ def test_record_a_captured_output_with_its_arguments(
         "--args", "project_id=../etc", "--config", str(config),
     )  # fmt: skip
     assert wrong.returncode == 1 and "parameter schema" in one_line(wrong)
+
+
+def test_audit_show_and_record_of_a_fan_out(tmp_path: Path) -> None:
+    """A fan-out's hosts each get a line; the one quarantined host's output is recorded."""
+    from test_fanout import on_fleet, operator_files, run_on, scripted_fleet
+
+    commands, schemas = operator_files(tmp_path)
+    hosts, _ = scripted_fleet(2)
+    outputs = iter([b"state up\n", b"state \x1b[31msideways\n"])
+
+    async def remote() -> RunResult:
+        return RunResult(next(outputs), b"", 0)
+
+    ids: list[str] = []
+
+    async def body(d: Running) -> None:
+        ids.append((await d.ask(run_on("fleet")))["request_id"])
+
+    runner = ScriptedRunner({"echo state up": remote})
+    on_fleet(tmp_path, body, runner, hosts, commands, schemas, quarantine=True)
+    config = tmp_path / "config.toml"
+    host_tables = "".join(
+        f'[hosts.{alias}]\naddress = "127.0.0.1"\nuser = "nobody"\nknown_hosts = "/x"\n'
+        for alias in hosts
+    )
+    config.write_text(
+        f'[paths]\ncommands = "{commands}"\nschemas = "{schemas}"\n'
+        f'[audit]\npath = "{tmp_path / "audit.jsonl"}"\n'
+        f'quarantine_dir = "{tmp_path / "quarantine"}"\n'
+        f'{host_tables}[groups.fleet]\nmembers = ["web000", "web001"]\n'
+    )
+    shown = cli("audit", "show", ids[0], "--config", str(config))
+    assert shown.returncode == 0, shown.stderr
+    assert "target fleet (2 host(s))" in shown.stdout
+    host_lines = [line.strip() for line in shown.stdout.splitlines() if "  host web" in line]
+    assert len(host_lines) == 2 and sum("failure INVALID_RESPONSE" in h for h in host_lines) == 1
+    assert "\x1b" not in shown.stdout  # what a host printed reaches no terminal raw
+    done = cli("record", "sideways", "--request", ids[0], "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    stdout = (commands / "fleet_state.fixtures" / "sideways.stdout").read_bytes()
+    assert stdout == b"state \x1b[31msideways\n"  # the rejected host's bytes, whichever it was
