@@ -1,5 +1,5 @@
 """The command line: ``sshadapter serve | call | list | mcp | check | schema | policy |
-sudoers | dispatcher | demo | audit | inventory | grants | approvals``.
+sudoers | dispatcher | demo | audit | record | inventory | grants | approvals``.
 
 Exit status: 0 success, 1 a check missed or a call failed, 2 a usage or
 configuration error. An operator's mistake is one line naming the file, the
@@ -94,6 +94,12 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the daemon")
     _add_config(serve)
+    serve.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default=None,
+        help="log lines at this level and above (default: [logging] level, info)",
+    )
     serve.set_defaults(handler=_cmd_serve)
 
     call = sub.add_parser("call", help="call a tool through the daemon, print the envelope")
@@ -160,6 +166,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_config(verify)
     verify.set_defaults(handler=_cmd_audit_verify)
+    show = audit_sub.add_parser(
+        "show",
+        help="print one call's records (approvals, intents, result), the chain verified",
+        description="Find every record of REQUEST_ID in the audit file and its rotated "
+        "siblings, check the hash chain over all the files read, and print the call: tool, "
+        "caller, command, each attempt's verdict, each host's result for a fan-out. "
+        "Exit 0: shown, 1: no such call or a break in the chain (one line), 2: a file that "
+        "cannot be read.",
+    )
+    show.add_argument("request_id", metavar="REQUEST_ID")
+    show.add_argument(
+        "path",
+        nargs="?",
+        type=Path,
+        metavar="PATH",
+        help="the audit file (default: [audit] path of the config); its rotated files too",
+    )
+    _add_config(show)
+    show.set_defaults(handler=_cmd_audit_show)
+
+    _add_record(sub)
 
     policy_ = sub.add_parser(
         "policy",
@@ -293,6 +320,49 @@ def _add_import(inventory_sub: Any) -> None:
         source.set_defaults(handler=_cmd_inventory_import)
 
 
+def _add_record(sub: Any) -> None:
+    """`sshadapter record CASE --request REQUEST_ID | --tool TOOL --stdout FILE ...`."""
+    record = sub.add_parser(
+        "record",
+        help="turn a quarantined rejection or a captured output into a fixture case",
+        description="Write CASE.stdout (.stderr) and CASE.case.json into the operation's "
+        "fixtures directory (docs/fixtures.md), never replacing a case. --request: the bytes "
+        "from the quarantine, the tool, exit status and time from the call's result record "
+        "(the chain verified), the arguments read back from its command. --tool with "
+        "--stdout: an output you captured. Exit 0: written, 1: nothing written (one line).",
+    )
+    record.add_argument("case", metavar="CASE", help="the case name (a file stem)")
+    source = record.add_mutually_exclusive_group(required=True)
+    source.add_argument("--request", metavar="REQUEST_ID", help="a call with a rejected output")
+    source.add_argument("--tool", metavar="TOOL", help="the tool whose output --stdout holds")
+    record.add_argument("--host", metavar="HOST", help="--request of a fan-out: which host")
+    record.add_argument("--stdout", type=Path, metavar="FILE", help="--tool: the stdout bytes")
+    record.add_argument("--stderr", type=Path, metavar="FILE", help="--tool: the stderr bytes")
+    record.add_argument("--exit-status", type=int, default=0, metavar="N", help="--tool: (0)")
+    record.add_argument(
+        "--now",
+        metavar="TIME",
+        help="the clock of the case, RFC 3339 (default: the call's time; --tool: now)",
+    )
+    record.add_argument(
+        "--args",
+        nargs="*",
+        default=None,
+        metavar="key=value",
+        help="the call's arguments (key:=json for a number or boolean); --request: default "
+        "read back from the recorded command, and checked to rebuild it either way",
+    )
+    record.add_argument(
+        "--expect",
+        default="",
+        metavar="success|CODE",
+        help="the expectation you confirm (default: what the daemon decided; --tool: what "
+        "the contract gives now)",
+    )
+    _add_config(record)
+    record.set_defaults(handler=_cmd_record)
+
+
 def _add_approvals(sub: Any) -> None:
     """`sshadapter approvals list | approve REQUEST_ID | deny REQUEST_ID` (approvers only)."""
     approvals = sub.add_parser(
@@ -345,16 +415,16 @@ def _add_socket(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from sshadapter.config import DEFAULT_CONFIG_PATH
+    from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
+    from sshadapter.daemon import logs
     from sshadapter.daemon.assemble import run_daemon
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    # asyncssh logs five INFO lines per command (0.3 ms each call, and journald rate limits):
-    # the audit trail is the record of calls; keep asyncssh to warnings.
-    logging.getLogger("asyncssh").setLevel(logging.WARNING)
     path = args.config
     if path is None and DEFAULT_CONFIG_PATH.is_file():
         path = DEFAULT_CONFIG_PATH
+    # [logging] first (environment overrides applied), so the daemon's first line is in it.
+    settings = load_config(path)[0].logging
+    logs.configure(args.log_level or settings.level, settings.format)
     return asyncio.run(run_daemon(path))
 
 
@@ -408,6 +478,201 @@ def _cmd_audit_verify(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     print(report.summary())
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _audit_path(args: argparse.Namespace) -> Path:
+    """The audit file given, else the config's ``[audit] path``."""
+    from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
+
+    if args.path is not None:
+        return Path(args.path)
+    path = args.config or (DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None)
+    return load_config(path)[0].audit.path
+
+
+def _cmd_audit_show(args: argparse.Namespace) -> int:
+    """One call's records across the rotated files, the chain verified (docs/audit.md)."""
+    from sshadapter.daemon.audit_show import REQUEST_ID, format_call
+    from sshadapter.daemon.audit_verify import UnreadableTrail, trail, verify
+
+    if not REQUEST_ID.fullmatch(args.request_id):
+        print(
+            f"sshadapter: {args.request_id[:40]!r} is no request id (req. and 20 hex digits)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    try:
+        report = verify(trail(_audit_path(args)), args.request_id)
+    except UnreadableTrail as exc:
+        print(f"sshadapter: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not report.ok:
+        more = f" (and {len(report.breaks) - 1} more)" if len(report.breaks) > 1 else ""
+        print(f"sshadapter: audit trail broken: {report.breaks[0]}{more}", file=sys.stderr)
+        return EXIT_FAILED
+    if not report.kept:
+        print(
+            f"sshadapter: no record of {args.request_id} in {len(report.files)} audit file(s)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    print(format_call(args.request_id, report.kept))
+    return EXIT_OK
+
+
+def _cmd_record(args: argparse.Namespace) -> int:
+    """A fixture case from a quarantined rejection or a captured output (docs/fixtures.md)."""
+    from datetime import UTC, datetime
+
+    from sshadapter.bounded_read import read_bounded
+    from sshadapter.check import record
+    from sshadapter.check.fixtures import MAX_RECORDED_BYTES
+    from sshadapter.contract.rfc3339 import format_rfc3339, parse_rfc3339
+    from sshadapter.runners.interface import RunResult
+
+    config, registry = _load(args)
+    try:
+        given = None if args.args is None else client.parse_assignments(args.args)
+        if args.request is not None:
+            found = _quarantined(config, args.request, args.host)
+        else:
+            if args.stdout is None:
+                raise record.RecordError("--tool needs --stdout FILE (and --args, --exit-status)")
+            stderr = read_bounded(args.stderr, MAX_RECORDED_BYTES) if args.stderr else b""
+            stdout = read_bounded(args.stdout, MAX_RECORDED_BYTES)
+            found = _Found(args.tool, None, stdout, stderr, args.exit_status, None, None)
+        op = registry.get(found.tool)
+        if op is None:
+            raise record.RecordError(f"no tool {found.tool[:64]!r} in {registry_dir(registry)}")
+        call_args = given
+        if call_args is None:
+            recovered = record.recover_args(op, found.command) if found.command else None
+            if recovered is None and found.command is not None:
+                raise record.RecordError("cannot read the arguments back: give them with --args")
+            call_args = recovered or {}
+        record.check_args(op, call_args, found.command)
+        if not 0 <= found.exit_status <= 255:
+            raise record.RecordError(f"exit status {found.exit_status}: 0-255")
+        now_text = args.now or found.time or format_rfc3339(datetime.now(UTC))
+        try:
+            now = parse_rfc3339(now_text)
+        except (TypeError, ValueError) as exc:
+            raise record.RecordError(f"--now {now_text[:40]!r}: not an RFC 3339 time") from exc
+        run = RunResult(found.stdout, found.stderr, found.exit_status)
+        expect, note = record.expectation(op, call_args, run, now, args.expect, found.decided)
+        document = {
+            "args": call_args,
+            "exit_status": found.exit_status,
+            "now": now_text,
+            "expect": expect,
+        }
+        written = record.write_case(op, args.case, document, found.stdout, found.stderr)
+    except (record.RecordError, ValueError) as exc:
+        print(f"sshadapter: record: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    for path in written:
+        print(f"wrote {path}")
+    if note:
+        print(f"sshadapter: note: {note}", file=sys.stderr)
+    return EXIT_OK
+
+
+class _Found:
+    """What `record` learnt of one output: its tool, bytes, and the call around it."""
+
+    def __init__(
+        self,
+        tool: str,
+        command: str | None,
+        stdout: bytes,
+        stderr: bytes,
+        exit_status: int,
+        time: str | None,
+        decided: dict[str, Any] | None,
+    ) -> None:
+        self.tool, self.command, self.time, self.decided = tool, command, time, decided
+        self.stdout, self.stderr, self.exit_status = stdout, stderr, exit_status
+
+
+def _quarantined(config: Config, request_id: str, host: str | None) -> _Found:
+    """The last quarantined attempt of a call (of ``host``, for a fan-out), its bytes read
+    back from the quarantine and checked against the sha256 its result record holds."""
+    import hashlib
+    import re
+
+    from sshadapter.bounded_read import read_bounded
+    from sshadapter.check.fixtures import MAX_RECORDED_BYTES
+    from sshadapter.check.record import RecordError
+    from sshadapter.daemon.audit_show import REQUEST_ID
+    from sshadapter.daemon.audit_verify import UnreadableTrail, trail, verify
+
+    if not REQUEST_ID.fullmatch(request_id):
+        raise RecordError(f"{request_id[:40]!r} is no request id (req. and 20 hex digits)")
+    try:
+        report = verify(trail(config.audit.path), request_id)
+    except UnreadableTrail as exc:
+        raise RecordError(str(exc)) from exc
+    if not report.ok:
+        raise RecordError(f"audit trail broken: {report.breaks[0]}")
+    results = [r for _, r in report.kept if r.get("type") == "result"]
+    if not results:
+        raise RecordError(f"no result record of {request_id} in {config.audit.path}")
+    result = results[-1]
+    rows: list[tuple[str | None, dict[str, Any]]] = []
+    if isinstance(result.get("host_results"), list):
+        for row in result["host_results"]:
+            if isinstance(row, dict) and (host is None or row.get("host") == host):
+                rows.append((str(row.get("host")), row))
+    else:
+        rows.append((None, result))
+    kept = [
+        (where, row, attempt)
+        for where, row in rows
+        for attempt in _list(row.get("attempts"))
+        if isinstance(attempt, dict) and isinstance(attempt.get("quarantine"), dict)
+    ]
+    if not kept:
+        raise RecordError(
+            f"{request_id} has no quarantined output" + (f" on {host}" if host else "")
+        )
+    if len({where for where, _, _ in kept}) > 1:
+        raise RecordError("outputs of several hosts were quarantined: choose one with --host")
+    _, row, attempt = kept[-1]
+    streams: dict[str, bytes] = {}
+    for stream in ("stdout", "stderr"):
+        name = attempt["quarantine"].get(stream)
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,200}", name):
+            raise RecordError(f"{request_id}: its {stream} was not kept in the quarantine")
+        path = config.audit.quarantine_dir / name
+        if not os.path.lexists(path):
+            raise RecordError(
+                f"{path} is no longer in the quarantine (removed past quarantine_max_bytes, "
+                "or by hand): record it with --tool and --stdout from a new capture"
+            )
+        data = read_bounded(path, MAX_RECORDED_BYTES)
+        if hashlib.sha256(data).hexdigest() != attempt.get(f"{stream}_sha256"):
+            raise RecordError(f"{path}: not the bytes its result record names (sha256 differs)")
+        streams[stream] = data
+    found = attempt.get("verdict")
+    verdict: dict[str, Any] = found if isinstance(found, dict) else {}
+    decided = {"outcome": "failure", "code": "INVALID_RESPONSE"}  # what quarantine keeps
+    decided.update({k: verdict[k] for k in ("stage", "reason") if isinstance(verdict.get(k), str)})
+    status = attempt.get("exit_status")
+    command = result.get("command")
+    return _Found(
+        str(result.get("tool")),
+        command if isinstance(command, str) else "",
+        streams["stdout"],
+        streams["stderr"],
+        status if isinstance(status, int) else 0,
+        result.get("time") if isinstance(result.get("time"), str) else None,
+        decided,
+    )
+
+
+def _list(value: Any) -> list[Any]:
+    """An untrusted record's array, or none."""
+    return value if isinstance(value, list) else []
 
 
 def _cmd_call(args: argparse.Namespace) -> int:

@@ -185,6 +185,13 @@ class MetricsSection(_Section):
         return None if found is None else (found[1].strip("[]"), int(found[2]))
 
 
+class LoggingSection(_Section):
+    """The daemon's log lines on stderr (docs/operations.md "Logs"); read at start."""
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"
+
+
 class HostSection(_Section):
     @model_validator(mode="after")
     def _one_certified_key(self) -> HostSection:
@@ -300,6 +307,7 @@ class ConfigFile(_Section):
     paths: PathsSection = PathsSection()
     audit: AuditSection = AuditSection()
     metrics: MetricsSection = MetricsSection()
+    logging: LoggingSection = LoggingSection()
     pool: PoolSection = PoolSection()
     approvals: ApprovalsSection = ApprovalsSection()
     host_defaults: HostDefaults = HostDefaults()  # type: ignore[valid-type]

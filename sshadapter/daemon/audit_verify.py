@@ -89,6 +89,8 @@ class Report:
     results: set[str] = field(default_factory=set)
     from_genesis: bool = True
     """Whether the first record read is the first of the trail."""
+    kept: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    """With ``verify(..., request_id)``: that call's records with where each is."""
 
     @property
     def open_intents(self) -> list[dict[str, str]]:
@@ -144,8 +146,9 @@ def trail(path: Path) -> list[Path]:
     return [path.parent / name for name in older] + [path]
 
 
-def verify(paths: Iterable[Path]) -> Report:
-    """Check the chain across ``paths`` in order (oldest rotated file first).
+def verify(paths: Iterable[Path], request_id: str = "") -> Report:
+    """Check the chain across ``paths`` in order (oldest rotated file first); with a
+    ``request_id``, also keep that call's records (``Report.kept``, in order).
 
     Raises UnreadableTrail when a file cannot be opened or read (not a regular file,
     a broken gzip stream); whatever its lines hold, they are reported, never raised.
@@ -177,6 +180,8 @@ def verify(paths: Iterable[Path]) -> Report:
             )
         prev = hashlib.sha256(body).hexdigest()
         _count(report, record, where)
+        if request_id and record.get("request_id") == request_id:
+            report.kept.append((where, record))
     if garbage is not None:
         report.torn.append(f"{garbage[0]} (last line)")
     return report

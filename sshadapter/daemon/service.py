@@ -261,10 +261,21 @@ class Service:
         except RequestError as exc:
             # Logged, counted, not audited: nothing could run, and the line itself may be
             # hostile bulk that has no business in the audit trail.
-            log.info("%s request from uid %d refused: %s", request_id, peer.uid, exc.reason)
+            log.warning(
+                "%s request from uid %d refused: INVALID_REQUEST request/%s",
+                request_id,
+                peer.uid,
+                exc.reason,
+                extra={"request_id": request_id},
+            )
             return self._system_answer(request_id, "INVALID_REQUEST", started)
         except Exception:
-            log.exception("%s request from uid %d: internal error", request_id, peer.uid)
+            log.exception(
+                "%s request from uid %d: internal error",
+                request_id,
+                peer.uid,
+                extra={"request_id": request_id},
+            )
             return self._system_answer(request_id, "INTERNAL", started)
         return await self._call(op, request.args, peer, request_id)
 
@@ -319,7 +330,14 @@ class Service:
     def refuse(self, code: str) -> bytes:
         """An answer the daemon gives without reading a request (a connection over the limit,
         a line over max_request_bytes, a request read during the drain), counted."""
-        return self._system_answer(envelope.new_request_id(), code, time.monotonic())
+        request_id = envelope.new_request_id()
+        log.warning(
+            "%s refused before reading a request: %s",
+            request_id,
+            code,
+            extra={"request_id": request_id},
+        )
+        return self._system_answer(request_id, code, time.monotonic())
 
     async def _call(
         self, op: Operation, args: Mapping[str, Any], peer: Peer, request_id: str
@@ -553,6 +571,8 @@ class Service:
             verdict = Verdict(failure=failure, sealed=_answered(call, failure.code))
         self._count(call, verdict)
         assert verdict.sealed is not None  # by _prepare, or just above
+        if verdict.sealed.outcome == "failure":
+            _log_failure(call, verdict)
         return verdict.sealed.line
 
     def _prepare(self, call: CallRecord, verdict: Verdict) -> tuple[Verdict, dict[str, Any]]:
@@ -598,8 +618,28 @@ class Service:
         self.metrics.observe_call(
             call.op.name, "failure", "INTERNAL", time.monotonic() - call.started
         )
+        _log_failure(call, cut)
         assert cut.sealed is not None
         return cut.sealed.line
+
+
+def _log_failure(call: CallRecord, verdict: Verdict) -> None:
+    """The one warning line of a refused or failed call: its request id, tool, code, stage
+    and reason (closed lists), never the detail (which may quote what a host returned)."""
+    failure, sealed = verdict.failure, verdict.sealed
+    code = sealed.code if sealed is not None else None
+    stage = failure.stage if failure is not None else None
+    reason = failure.reason if failure is not None else None
+    log.warning(
+        "%s %s %s: %s %s/%s",
+        call.request_id,
+        call.op.name,
+        "failed" if call.attempts else "refused",
+        code,
+        stage,
+        reason,
+        extra={"request_id": call.request_id},
+    )
 
 
 def _answered(call: CallRecord, code: str) -> Sealed:

@@ -1,0 +1,170 @@
+"""Log lines journald understands: `<N>` priorities on the journal stream, a level, JSON."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import orjson
+import pytest
+from sshd import Sshd, running_sshd
+from test_integration import ROOT, notifications, write_config
+
+from sshadapter.config import load_config
+from sshadapter.daemon import logs
+
+STOP_TIMEOUT_SECONDS: Final = 30  # the drain's default deadline: the daemon ends within it
+
+
+@pytest.fixture(autouse=True)
+def _restore_root_logger() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def journal_of(path: Path) -> dict[str, str]:
+    info = path.stat()
+    return {"JOURNAL_STREAM": f"{info.st_dev}:{info.st_ino}"}
+
+
+def test_journal_stream_lines_carry_their_priority(tmp_path: Path) -> None:
+    """stderr that is the journal stream: each line starts with its sd-daemon priority."""
+    path = tmp_path / "stderr"
+    with path.open("w") as stream:
+        logs.configure("debug", "text", stream, journal_of(path))
+        log = logging.getLogger("sshadapter.test")
+        log.debug("d")
+        log.info("i")
+        log.warning("w")
+        log.error("e")
+        log.critical("c")
+    lines = path.read_text().splitlines()
+    assert [line[:3] for line in lines] == ["<7>", "<6>", "<4>", "<3>", "<2>"]
+    assert lines[2] == "<4>WARNING sshadapter.test: w"
+
+
+def test_no_prefix_without_the_journal_or_for_another_stream(tmp_path: Path) -> None:
+    """No JOURNAL_STREAM, a malformed one, or one naming another file: plain lines."""
+    path, other = tmp_path / "stderr", tmp_path / "other"
+    other.write_text("")
+    for environ in ({}, {"JOURNAL_STREAM": "nonsense"}, journal_of(other)):
+        path.unlink(missing_ok=True)
+        with path.open("w") as stream:
+            logs.configure("info", "text", stream, environ)
+            logging.getLogger("sshadapter.test").warning("w")
+        assert path.read_text() == "WARNING sshadapter.test: w\n", environ
+
+
+def test_json_format_is_one_object_per_line_with_the_request_id() -> None:
+    """format = "json": time, level, logger, message, and request_id when the line has one."""
+    stream = io.StringIO()
+    logs.configure("warning", "json", stream, {})
+    log = logging.getLogger("sshadapter.test")
+    log.info("below the level")
+    log.warning(
+        "req.0123456789abcdef0123 refused", extra={"request_id": "req.0123456789abcdef0123"}
+    )
+    log.error("no id")
+    first, second = (orjson.loads(line) for line in stream.getvalue().splitlines())
+    assert first.keys() == {"time", "level", "logger", "message", "request_id"}
+    assert first["level"] == "warning" and first["logger"] == "sshadapter.test"
+    assert first["request_id"] == "req.0123456789abcdef0123"
+    assert first["time"].endswith("Z")
+    assert second["level"] == "error" and "request_id" not in second
+
+
+def test_logging_settings_come_from_the_file_and_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[logging] level and format load; SSHADAPTER_LOGGING__LEVEL overrides; bad values named."""
+    config = tmp_path / "c.toml"
+    config.write_text('[logging]\nlevel = "warning"\nformat = "json"\n')
+    loaded, _ = load_config(config)
+    assert (loaded.logging.level, loaded.logging.format) == ("warning", "json")
+    monkeypatch.setenv("SSHADAPTER_LOGGING__LEVEL", "debug")
+    assert load_config(config)[0].logging.level == "debug"
+    config.write_text('[logging]\nformat = "xml"\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "sshadapter.cli", "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "logging.format" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def sshd() -> Iterator[Sshd]:
+    with running_sshd() as server:
+        yield server
+
+
+def call(socket_path: Path, request: dict[str, object]) -> dict[str, object]:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(socket_path))
+        sock.sendall(orjson.dumps(request) + b"\n")
+        answer = sock.makefile("rb").readline()
+    value = orjson.loads(answer)
+    assert isinstance(value, dict)
+    return value
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_serve_under_the_journal_logs_each_refused_call_once_at_warning(
+    sshd: Sshd, tmp_path: Path, fmt: str
+) -> None:
+    """`sshadapter serve` on the journal: each refused or failed call is one <4> line.
+
+    Every line is prefixed; the refused call's and the failed call's lines carry their
+    request id, tool and code; an accepted call writes none.
+    """
+    config = write_config(tmp_path, sshd)
+    config.write_text(config.read_text() + f'\n[logging]\nformat = "{fmt}"\n')
+    stderr_path, notify_path = tmp_path / "stderr", tmp_path / "notify"
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(notify_path))
+    with stderr_path.open("w") as stderr:
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "sshadapter.cli", "serve", "--config", str(config)],
+            cwd=ROOT,
+            env={**os.environ, "NOTIFY_SOCKET": str(notify_path), **journal_of(stderr_path)},
+            stderr=stderr,
+        )
+    try:
+        notifications(notify, "READY=1")
+        socket_path = tmp_path / "sshadapter.sock"
+        refused = call(socket_path, {"op": "call", "tool": "load_average", "args": {"x": 1}})
+        failed = call(  # findmnt exits 1: declared NOT_FOUND
+            socket_path, {"op": "call", "tool": "mount_info", "args": {"target": "/no/such/mount"}}
+        )
+        ok = call(socket_path, {"op": "call", "tool": "load_average", "args": {}})
+    finally:
+        notify.close()
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(STOP_TIMEOUT_SECONDS)
+    assert ok["outcome"] == "success", ok
+    assert refused["outcome"] == failed["outcome"] == "failure", (refused, failed)
+    lines = stderr_path.read_text().splitlines()
+    assert lines and all(line[:1] == "<" and line[2:3] == ">" for line in lines), lines
+    for answer, verb in ((refused, "refused"), (failed, "failed")):
+        about = [line for line in lines if str(answer["request_id"]) in line]
+        assert len(about) == 1, (answer, lines)
+        assert about[0].startswith("<4>")
+        body = about[0][3:]
+        message = orjson.loads(body)["message"] if fmt == "json" else body
+        assert f"{answer['tool']} {verb}: {answer['error']['code']}" in message  # type: ignore[index]
+        if fmt == "json":
+            assert orjson.loads(body)["request_id"] == answer["request_id"]
+    assert not [line for line in lines if str(ok["request_id"]) in line]
