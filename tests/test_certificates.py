@@ -297,12 +297,14 @@ tests:
           - exp_labels: {{severity: warning, credential: soon}}
             exp_annotations:
               summary: "sshadapter's client certificate soon expires in 2h 0m 0s"
+              runbook_url: "docs/runbooks.md#sshadapterclientcertificateexpiring"
       - eval_time: 2m
         alertname: SshadapterClientCertificateExpired
         exp_alerts:
           - exp_labels: {{severity: critical, credential: gone}}
             exp_annotations:
               summary: "sshadapter's client certificate gone has expired: calls fail"
+              runbook_url: "docs/runbooks.md#sshadapterclientcertificateexpired"
 """
     )
     checked = subprocess.run(
