@@ -133,8 +133,7 @@ def call(service: Any, args: dict[str, Any], tool: str = "disk_usage") -> tuple[
 def test_the_daemon_answers_the_hint_and_never_the_value(
     service: Any, args: dict[str, Any], hint: dict[str, str]
 ) -> None:
-    """Through the daemon: INVALID_REQUEST with the hint, valid against the published
-    envelope schema, and neither the value nor a hostile key anywhere in the line."""
+    """Through the daemon: the hint, a valid envelope, never the value or a hostile key."""
     line, answer = call(service, args)
     assert answer["error"] == {"code": "INVALID_REQUEST", "retryable": False, "hint": hint}
     assert SECRET.encode() not in line and b"xxxxxxxx" not in line and b"12345678" not in line

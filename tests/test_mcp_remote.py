@@ -159,8 +159,7 @@ def ssh_argv(sshd: Sshd, key: Path) -> list[str]:
 def test_an_agent_host_on_another_machine_uses_the_bridge_over_ssh(
     adapter_host: tuple[Sshd, Daemon, Path], mode: str
 ) -> None:
-    """initialize (or the modern era), tools/list and one call over `ssh -T`, the forced
-    command running the bridge as the agent account, which SO_PEERCRED names in the audit."""
+    """List and call over `ssh -T`: the bridge runs as the agent account, audited as it."""
     sshd, daemon, key = adapter_host
     argv = ssh_argv(sshd, key)
 
