@@ -26,6 +26,7 @@ because they become Prometheus label values and audit fields. Free text
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -202,11 +203,16 @@ class ConfigError(SshadapterError):
 class RequestError(SshadapterError):
     """A caller mistake. ``reason`` is for the audit trail; the caller only sees the code."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(
+        self, reason: str, detail: str = "", hint: Mapping[str, str] | None = None
+    ) -> None:
         if reason not in REQUEST_REASONS:
             raise ValueError(f"unknown request reason {reason}")  # a bug, not input
         self.reason = reason
         self.detail = detail
+        self.hint = hint
+        """What the agent may be told to correct (``error.hint``): built only from the
+        operation's schema and the agent's own keys (registry.argument_hint), or None."""
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
 
@@ -327,6 +333,8 @@ class Failure:
     """For a schema failure, the JSON pointer into the schema; else empty."""
     instance_path: str = ""
     """The JSON pointer into the value that failed (schema, semantic); else empty."""
+    hint: Mapping[str, str] | None = None
+    """INVALID_REQUEST at stage 3 only: the envelope's ``error.hint`` (RequestError.hint)."""
 
 
 def failure_of(exc: BaseException) -> Failure:
@@ -334,7 +342,7 @@ def failure_of(exc: BaseException) -> Failure:
     if isinstance(exc, DeniedError):
         return Failure("DENIED", False, "authorize", exc.reason, exc.detail)
     if isinstance(exc, RequestError):
-        return Failure("INVALID_REQUEST", False, "request", exc.reason, exc.detail)
+        return Failure("INVALID_REQUEST", False, "request", exc.reason, exc.detail, hint=exc.hint)
     if isinstance(exc, UpstreamError):
         return Failure("UPSTREAM_UNAVAILABLE", exc.retryable, "transport", exc.reason, exc.detail)
     if isinstance(exc, DispatchRefusal):

@@ -163,7 +163,11 @@ def test_the_demo_fans_out_over_its_group_and_one_host_fails_alone(demo: DemoRun
     # Outside the closed set: a listed-nowhere host and a name that exists nowhere, one answer.
     refused = [demo.envelopes[f"{FLEET_TOOL} run_on={name}"] for name in ("ci", "db-1")]
     for envelope in refused:
-        assert envelope["error"] == {"code": "INVALID_REQUEST", "retryable": False}
+        assert envelope["error"] == {
+            "code": "INVALID_REQUEST",
+            "retryable": False,
+            "hint": {"parameter": "run_on", "rule": "choice"},
+        }
     assert [{k: v for k, v in e.items() if k != "request_id"} for e in refused] == [
         {"tool": FLEET_TOOL, "outcome": "failure", "error": refused[0]["error"]}
     ] * 2

@@ -291,7 +291,11 @@ def test_a_missing_target_and_a_forbidden_one_get_the_same_answer(tmp_path: Path
         == {
             "tool": "fleet_state",
             "outcome": "failure",
-            "error": {"code": "INVALID_REQUEST", "retryable": False},
+            "error": {
+                "code": "INVALID_REQUEST",
+                "retryable": False,
+                "hint": {"parameter": "run_on", "rule": "choice"},  # one hint for both
+            },
         }
     )
     assert answers[2]["outcome"] == "success"
@@ -353,6 +357,7 @@ def test_a_mutating_operation_runs_on_one_host_unless_fan_out_is_enabled(tmp_pat
     on_fleet(tmp_path, body, runner, hosts, commands, schemas)
     group, one, records = seen
     assert group["error"]["code"] == "INVALID_REQUEST"
+    assert group["error"]["hint"] == {"parameter": "run_on", "rule": "choice"}  # as unknown
     assert one["data"]["hosts"] == 1 and one["data"]["results"][0]["host"] == "web001"
     assert next(r["reason"] for r in records if r["type"] == "result") == "fanout_disabled"
 
@@ -370,6 +375,7 @@ def test_too_many_hosts_is_refused_before_anything_runs(tmp_path: Path) -> None:
 
     on_fleet(tmp_path, body, runner, hosts, commands, schemas)
     assert seen[0]["error"]["code"] == "INVALID_REQUEST" and runner.calls == []
+    assert seen[0]["error"]["hint"] == {"parameter": "run_on", "rule": "hosts"}
 
 
 def test_sigterm_mid_fan_out_records_every_host(tmp_path: Path) -> None:

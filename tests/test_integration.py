@@ -114,7 +114,11 @@ def test_serve_and_call_round_trip_through_sshd(sshd: Sshd, tmp_path: Path) -> N
 
         done = cli("call", "disk_usage", "path=../etc", "--socket", sock)
         assert done.returncode == 1
-        assert json.loads(done.stdout)["error"] == {"code": "INVALID_REQUEST", "retryable": False}
+        assert json.loads(done.stdout)["error"] == {
+            "code": "INVALID_REQUEST",
+            "retryable": False,
+            "hint": {"parameter": "path", "rule": "pattern"},
+        }
 
         # job_run_status allows the group "sshadapter-agents" only, which this caller is not in.
         done = cli("call", "job_run_status", "project_id=bluebird", "--socket", sock)

@@ -179,6 +179,8 @@ def test_typescript_clients_accept_every_tool_and_every_answer(
     assert [t["name"] for t in out["tools"]] == sorted(SHIPPED_TOOLS + TEST_TOOLS)
     assert all(t["outputSchema"]["type"] == "object" for t in out["tools"])
     assert [outcome(c) for c in out["calls"]] == EXPECTED
+    invalid = out["calls"][EXPECTED.index("INVALID_REQUEST")]["result"]["structuredContent"]
+    assert invalid["error"]["hint"] == {"parameter": "path", "rule": "pattern"}  # validated
     # The client's own validator refuses a copy with one thing changed: it really checked.
     assert len(out["control"]) == len(CALLS) - 1
     assert all(c["accepted"] and c["tampered_refused"] for c in out["control"])
@@ -220,7 +222,11 @@ def test_typescript_clients_validate_fan_out_answers_and_target_pages(
     wide_data = wide["structuredContent"]["data"]
     assert (wide_data["hosts"], wide_data["omitted"]) == (520, 420)
     assert denied["isError"] is True
-    assert denied["structuredContent"]["error"]["code"] == "INVALID_REQUEST"
+    assert denied["structuredContent"]["error"] == {
+        "code": "INVALID_REQUEST",
+        "retryable": False,
+        "hint": {"parameter": "run_on", "rule": "choice"},
+    }
     assert first["structuredContent"]["next"] == FIRST_PAGE_NEXT
     assert second["structuredContent"]["next"] is None
     pages = first["structuredContent"]["targets"] + second["structuredContent"]["targets"]

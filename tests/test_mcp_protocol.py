@@ -191,9 +191,17 @@ def test_call_outcomes_map_to_is_error_and_protocol_errors(
     rejected = envelope_of(call(bridge, "disk_usage", {"path": "/proc"}))  # df prints "-"
     assert rejected["error"] == {"code": "INVALID_RESPONSE", "retryable": False}
     invalid = envelope_of(call(bridge, "disk_usage", {"path": "../etc"}))  # SEP-1303
-    assert invalid["error"] == {"code": "INVALID_REQUEST", "retryable": False}
+    assert invalid["error"] == {
+        "code": "INVALID_REQUEST",
+        "retryable": False,
+        "hint": {"parameter": "path", "rule": "pattern"},
+    }
     missing = envelope_of(call(bridge, "disk_usage"))  # no arguments: {} fails the schema
-    assert missing["error"]["code"] == "INVALID_REQUEST"
+    assert missing["error"] == {
+        "code": "INVALID_REQUEST",
+        "retryable": False,
+        "hint": {"parameter": "path", "rule": "missing"},
+    }
     unknown = call(bridge, "run_shell", {"command": "id"})
     assert error_code(unknown) == -32602
     assert unknown["error"]["message"] == "Unknown tool: run_shell"

@@ -128,7 +128,12 @@ def test_each_kind_of_answer_reaches_the_client_intact(daemon: Daemon, mode: str
             rejected = sealed(await client.call_tool("disk_usage", {"path": "/proc"}))
             assert rejected["error"] == {"code": "INVALID_RESPONSE", "retryable": False}
             invalid = sealed(await client.call_tool("disk_usage", {"path": "/etc;id"}))
-            assert invalid["error"] == {"code": "INVALID_REQUEST", "retryable": False}
+            assert invalid["error"] == {
+                "code": "INVALID_REQUEST",
+                "retryable": False,
+                "hint": {"parameter": "path", "rule": "pattern"},
+            }
+            assert "/etc;id" not in json.dumps(invalid)
             with pytest.raises(MCPError) as unknown:
                 await client.call_tool("run_shell", {"command": "id"})
             assert unknown.value.error.code == -32602
@@ -304,7 +309,11 @@ def test_a_fan_out_answer_is_a_success_holding_each_hosts_own_failure(
     for envelope, reason in zip(
         denied, ["target_not_granted", "target_not_granted", "unknown_target"], strict=True
     ):
-        assert envelope["error"] == {"code": "INVALID_REQUEST", "retryable": False}
+        assert envelope["error"] == {
+            "code": "INVALID_REQUEST",
+            "retryable": False,
+            "hint": {"parameter": "run_on", "rule": "choice"},
+        }  # alike
         record = fleet.wait_for_result("canary_state", request_id=envelope["request_id"])
         assert record["reason"] == reason
 

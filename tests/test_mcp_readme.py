@@ -20,6 +20,8 @@ SNIPPETS = {
 }
 INSTALLED = "/usr/local/bin/sshadapter"
 ARGS = ["mcp", "--socket", "/run/sshadapter/sshadapter.sock"]
+REMOTE_ARGS = ["-T", "-o", "BatchMode=yes", "agent@adapter-host", "sshadapter", "mcp"]
+"""`ssh -T agent@adapter-host sshadapter mcp` (tests/test_mcp_remote.py runs it)."""
 # openai/codex codex-rs/core/src/config/types.rs RawMcpServerConfig (deny_unknown_fields).
 CODEX_KEYS = {
     "command", "args", "env", "env_vars", "cwd", "startup_timeout_sec", "startup_timeout_ms",
@@ -63,6 +65,9 @@ def test_every_host_has_its_snippet() -> None:
 def test_snippet_has_the_hosts_shape(name: str) -> None:
     """Each parses as its host reads it, and all start the same command."""
     command, args, entry = server(name)
+    if name == "claude-desktop":  # no Linux build: always on another machine, over SSH
+        assert (command, args) == ("ssh", REMOTE_ARGS)
+        return
     assert (command, args) == (INSTALLED, ARGS)
     if name in ("vscode", "claude-code-project"):
         assert entry["type"] == "stdio"

@@ -215,7 +215,7 @@ def test_sshadapter_targets_failure_branch_is_the_envelopes_and_no_operation_tak
     """Written out like bridge_envelope; the registry refuses `sshadapter_` names to files."""
     assert mcp_tools.REQUEST_ID_PATTERN == REQUEST_ID_PATTERN
     assert mcp_tools.TARGET_NAME_PATTERN == FANOUT_TARGET_PATTERN
-    failure = _branches(TARGETS_TOOL, {}, list(TARGETS_CODES))[1]
+    failure = _branches(TARGETS_TOOL, {}, list(TARGETS_CODES), hinted=False)[1]  # no hint
     assert targets_output_schema(("x_y",))["oneOf"][1] == failure
     assert TOOL_NAME.fullmatch(TARGETS_TOOL) and not can_name_tool(TARGETS_TOOL)
     text = (ROOT / "commands" / "disk_usage.toml").read_bytes()

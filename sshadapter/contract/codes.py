@@ -34,3 +34,29 @@ TARGET_ARGUMENT: Final = "run_on"
 """The agent's one reserved argument: which host or group a multi-target operation runs on
 (not "target": mount_info already has a parameter of that name, and so may others). No
 parameter may have this name (the loader refuses it), so it never collides."""
+HINT_RULES: Final = (
+    "missing",
+    "unknown",
+    "type",
+    "pattern",
+    "enum",
+    "const",
+    "format",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "minLength",
+    "maxLength",
+    "choice",
+    "hosts",
+)
+"""What an INVALID_REQUEST's ``error.hint.rule`` may say (docs/protocol.md "Argument hints"):
+a parameter keyword of the operation's own schema that the argument broke, or ``missing``,
+``unknown`` (a key the schema does not declare), ``choice`` (`run_on` names nothing this
+caller may use: one rule for a target that does not exist, is not listed or not granted,
+so no existence oracle) and ``hosts`` (`run_on` has more hosts than the operation takes)."""
+HINT_PARAMETER_PATTERN: Final = "^[a-z][a-z0-9_]{0,62}$"
+"""``error.hint.parameter``: commandfile.PARAM_NAME. An undeclared key the agent sent is named
+only when it fits this too; any other is left out, so the hint stays short and plain."""

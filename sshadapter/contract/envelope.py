@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import orjson
 
-from sshadapter.contract.codes import CODES, SYSTEM_TOOL
+from sshadapter.contract.codes import CODES, HINT_PARAMETER_PATTERN, HINT_RULES, SYSTEM_TOOL
 from sshadapter.contract.schemas import DRAFT_2020_12, Projection
 
 REQUEST_ID_PATTERN: Final = "^[A-Za-z0-9][A-Za-z0-9_.]{7,63}$"
@@ -36,18 +36,42 @@ def success(tool: str, request_id: str, data: Mapping[str, Any]) -> dict[str, An
     return {"tool": tool, "request_id": request_id, "outcome": "success", "data": data}
 
 
-def failure(tool: str, request_id: str, code: str, retryable: bool | None = None) -> dict[str, Any]:
+def failure(
+    tool: str,
+    request_id: str,
+    code: str,
+    retryable: bool | None = None,
+    hint: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A failure envelope; ``hint`` (INVALID_REQUEST of a known tool only) says which
+    argument and which rule of the tool's own schema (HINT_SCHEMA)."""
     if code not in CODES:
         raise ValueError(f"unknown error code {code}")  # a bug, never input
-    return {
-        "tool": tool,
-        "request_id": request_id,
-        "outcome": "failure",
-        "error": {"code": code, "retryable": CODES[code] if retryable is None else retryable},
+    error: dict[str, Any] = {
+        "code": code,
+        "retryable": CODES[code] if retryable is None else retryable,
     }
+    if hint is not None and code == "INVALID_REQUEST":
+        error["hint"] = dict(hint)
+    return {"tool": tool, "request_id": request_id, "outcome": "failure", "error": error}
 
 
-def _branches(tool: str, data: Mapping[str, Any], codes: list[str]) -> list[dict[str, Any]]:
+HINT_SCHEMA: Final[Mapping[str, Any]] = {
+    "type": "object",
+    "required": ["rule"],
+    "properties": {
+        "parameter": {"type": "string", "pattern": HINT_PARAMETER_PATTERN},
+        "rule": {"enum": list(HINT_RULES)},
+    },
+    "additionalProperties": False,
+}
+"""``error.hint``: closed and bounded (a name of at most 63 characters, a rule of a closed
+list); never an argument's value, never anything a host returned."""
+
+
+def _branches(
+    tool: str, data: Mapping[str, Any], codes: list[str], *, hinted: bool = True
+) -> list[dict[str, Any]]:
     common = {
         "tool": {"const": tool},
         "request_id": {"type": "string", "pattern": REQUEST_ID_PATTERN},
@@ -67,7 +91,7 @@ def _branches(tool: str, data: Mapping[str, Any], codes: list[str]) -> list[dict
             "properties": {
                 **common,
                 "outcome": {"const": "failure"},
-                "error": _error_schema(codes),
+                "error": _error_schema(codes, hint=hinted),
             },
             "additionalProperties": False,
         },
@@ -277,11 +301,16 @@ def fanout_guard_schema(published: Mapping[str, Any]) -> dict[str, Any]:
     return {"$schema": DRAFT_2020_12, "type": "object", "oneOf": [guarded_success, failure_branch]}
 
 
-def _error_schema(codes: list[str]) -> dict[str, Any]:
+def _error_schema(codes: list[str], *, hint: bool = False) -> dict[str, Any]:
+    """The closed `error` object; with ``hint``, the optional ``hint`` (a tool's top-level
+    failure: stage 3 refusals), never inside a fan-out's host entries."""
+    properties: dict[str, Any] = {"code": {"enum": codes}, "retryable": {"type": "boolean"}}
+    if hint:
+        properties["hint"] = dict(HINT_SCHEMA)
     return {
         "type": "object",
         "required": ["code", "retryable"],
-        "properties": {"code": {"enum": codes}, "retryable": {"type": "boolean"}},
+        "properties": properties,
         "additionalProperties": False,
     }
 
@@ -291,5 +320,7 @@ SYSTEM_ENVELOPE_SCHEMA: Final[Mapping[str, Any]] = {
     "$id": f"{ENVELOPE_BASE_URI}{SYSTEM_TOOL}.json",
     "title": "envelope for a request that names no known tool or cannot be parsed",
     "type": "object",
-    "oneOf": _branches(SYSTEM_TOOL, {"not": {}}, ["INVALID_REQUEST", "OVERLOADED", "INTERNAL"]),
+    "oneOf": _branches(
+        SYSTEM_TOOL, {"not": {}}, ["INVALID_REQUEST", "OVERLOADED", "INTERNAL"], hinted=False
+    ),
 }

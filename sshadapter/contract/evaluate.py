@@ -159,7 +159,9 @@ def seal(op: Operation, request_id: str, verdict: Verdict) -> dict[str, Any]:
     if verdict.data is not None:
         sealed = envelope.success(op.name, request_id, verdict.data)
     elif (failure := verdict.failure) is not None:
-        sealed = envelope.failure(op.name, request_id, failure.code, failure.retryable)
+        sealed = envelope.failure(
+            op.name, request_id, failure.code, failure.retryable, failure.hint
+        )
     else:  # neither data nor a failure: a bug
         sealed = envelope.failure(op.name, request_id, "INTERNAL")
     if not op.host_guard.is_valid(sealed):  # the projection broke its own contract

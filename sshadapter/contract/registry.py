@@ -20,7 +20,13 @@ from typing import Any, Final, Literal
 from sshadapter import __version__
 from sshadapter.contract import envelope
 from sshadapter.contract.argv import ArgvElement, ArgvTemplate, parse_template
-from sshadapter.contract.codes import RESERVED_TOOL_PREFIX, SYSTEM_TOOL, TOOL_NAME_PATTERN
+from sshadapter.contract.codes import (
+    HINT_PARAMETER_PATTERN,
+    HINT_RULES,
+    RESERVED_TOOL_PREFIX,
+    SYSTEM_TOOL,
+    TOOL_NAME_PATTERN,
+)
 from sshadapter.contract.commandfile import CommandFile, parse_command_file, read_command_bytes
 from sshadapter.contract.exitstatus import ByStderr, ExitCodes, ExitMeaning
 from sshadapter.contract.extract import (
@@ -126,7 +132,41 @@ class Operation:
             self.params_validator.validate(args)
         except EvidenceError as exc:  # the validator speaks of evidence; here the caller erred
             where = exc.instance_path or "/"
-            raise RequestError("bad_arguments", f"{where}: {exc.detail[:200]}") from exc
+            hint = argument_hint(self.params_schema, args, exc.schema_path)
+            raise RequestError("bad_arguments", f"{where}: {exc.detail[:200]}", hint) from exc
+
+
+HINT_PARAMETER: Final = re.compile(HINT_PARAMETER_PATTERN)
+
+
+def argument_hint(
+    schema: Mapping[str, Any], args: Mapping[str, Any], schema_path: str
+) -> dict[str, str] | None:
+    """``error.hint`` for arguments that failed ``schema`` at ``schema_path`` (the first
+    failing keyword): which parameter and which rule (codes.HINT_RULES), from the schema's
+    own names and the agent's own keys only, never a value. None when the keyword is none
+    of the rules (no hint rather than a wrong one)."""
+    properties: Mapping[str, Any] = schema.get("properties", {})
+    keyword, *rest = schema_path.strip("/").split("/")
+    if keyword == "additionalProperties":
+        extra = sorted(k for k in args if k not in properties)
+        return _hint(extra[0] if extra else None, "unknown")
+    if keyword == "required":
+        missing = sorted(n for n in schema.get("required", ()) if n not in args)
+        return _hint(missing[0] if missing else None, "missing")
+    if keyword == "properties" and len(rest) >= 2:
+        name, rule = rest[0], rest[1]
+        if name in properties and rule in HINT_RULES:
+            return {"parameter": name, "rule": rule}
+    return None
+
+
+def _hint(parameter: str | None, rule: str) -> dict[str, str]:
+    """A hint naming ``parameter`` only when it fits HINT_PARAMETER (a key the agent made up
+    may be anything: long, not an identifier); the rule alone otherwise."""
+    if parameter is not None and HINT_PARAMETER.fullmatch(parameter):
+        return {"parameter": parameter, "rule": rule}
+    return {"rule": rule}
 
 
 @dataclass(frozen=True)

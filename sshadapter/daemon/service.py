@@ -79,6 +79,8 @@ TARGETS_PAGE: Final = 500  # names per `targets` answer: ~8 KB
 # cores, a single call's p50 beside a 128-host fan-out was 43x its idle p50 with 64 hosts
 # in flight, 6x with 8.
 FANOUT_HOSTS_BESIDE_SINGLE: Final = 1
+_NOT_A_CHOICE: Final = {"parameter": TARGET_ARGUMENT, "rule": "choice"}
+"""The one hint for a `run_on` this caller may not use, whatever the reason (no oracle)."""
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -393,19 +395,26 @@ class Service:
         op, inventory = call.op, self.inventory
         target = args.get(TARGET_ARGUMENT)
         if not isinstance(target, str):
-            raise RequestError("bad_arguments", f"/{TARGET_ARGUMENT}: a target name is required")
+            rule = "missing" if TARGET_ARGUMENT not in args else "type"
+            raise RequestError(
+                "bad_arguments",
+                f"/{TARGET_ARGUMENT}: a target name is required",
+                {"parameter": TARGET_ARGUMENT, "rule": rule},
+            )
         call.target = target[:63]
-        if target not in choices:  # one answer for all three; the audit keeps which
+        if target not in choices:  # one answer for all of them, hint too; the audit keeps which
             if target in self.access.candidates(op):
-                raise RequestError("target_not_granted", target[:63])
+                raise RequestError("target_not_granted", target[:63], _NOT_A_CHOICE)
             if inventory.exists(target):
                 reason = "fanout_disabled" if inventory.is_group(target) else "target_not_listed"
-                raise RequestError(reason, target[:63])
-            raise RequestError("unknown_target", target[:63])
+                raise RequestError(reason, target[:63], _NOT_A_CHOICE)
+            raise RequestError("unknown_target", target[:63], _NOT_A_CHOICE)
         hosts = inventory.members(target)
-        if len(hosts) > op.spec.fanout.max_hosts:
+        if len(hosts) > op.spec.fanout.max_hosts:  # a choice of this caller's: no oracle
             raise RequestError(
-                "too_many_hosts", f"{target}: {len(hosts)} > {op.spec.fanout.max_hosts}"
+                "too_many_hosts",
+                f"{target}: {len(hosts)} > {op.spec.fanout.max_hosts}",
+                {"parameter": TARGET_ARGUMENT, "rule": "hosts"},
             )
         call.hosts = hosts
         return {k: v for k, v in args.items() if k != TARGET_ARGUMENT}

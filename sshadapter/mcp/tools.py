@@ -45,7 +45,9 @@ INSTRUCTIONS: Final = (
     f"retryable is true. A tool with a `{TARGET_ARGUMENT}` argument runs on the host or "
     "group it names (the choices are in its schema, or listed by "
     f"{TARGETS_TOOL}): "
-    "its data.results holds each host's own outcome, failures first."
+    "its data.results holds each host's own outcome, failures first. An INVALID_REQUEST may "
+    "carry error.hint: the parameter and the rule of the tool's input schema the arguments "
+    "broke (missing, unknown, type, pattern, ...); correct that argument and call again."
 )
 BRIDGE_REQUEST_ID_PREFIX: Final = "mcp."
 """A request_id the bridge made: the daemon never saw the call, no audit record exists.
