@@ -1,0 +1,135 @@
+"""The operator's commands for fleets and approvals, run in-process: answers and one-line errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import orjson
+import pytest
+from daemon_harness import Running, with_daemon
+from test_inventory import write
+
+from sshadapter.cli import main
+from sshadapter.config import ApprovalsSection
+from sshadapter.inventory import host_set_digest
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_inventory_alone_lists_every_group_with_its_digest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`sshadapter inventory` prints each group's size and digest, then the totals."""
+    status, out, _ = run(capsys, "inventory", "--config", str(write(tmp_path)))
+    assert status == 0
+    assert out.splitlines()[-1] == "4 host(s), 2 group(s)"
+    assert f"prod      2  {host_set_digest(('local', 'web1'))}" in out
+
+
+def test_inventory_json_gives_the_groups_and_one_targets_hosts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`inventory show --json`, with and without a target, is JSON a script can read."""
+    config = str(write(tmp_path))
+    status, out, _ = run(capsys, "inventory", "show", "--json", "--config", config)
+    assert status == 0 and orjson.loads(out)["groups"]["web"]["hosts"] == 2
+    status, out, _ = run(capsys, "inventory", "show", "web", "--json", "--config", config)
+    assert orjson.loads(out) == {
+        "target": "web",
+        "hosts": ["web1", "web2"],
+        "hosts_sha256": host_set_digest(("web1", "web2")),
+    }
+
+
+def test_inventory_show_of_an_unknown_name_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A target that is no alias and no group: exit 2, one line."""
+    status, out, err = run(capsys, "inventory", "show", "nosuch", "--config", str(write(tmp_path)))
+    assert (status, out) == (2, "")
+    assert err == "sshadapter: 'nosuch' is no host alias and no group\n"
+
+
+@pytest.mark.parametrize(
+    ("who", "tool", "status", "said"),
+    [
+        ("0", "no_such_tool", 2, "no tool 'no_such_tool'"),
+        ("no-such-user-here", "disk_usage", 2, "no user 'no-such-user-here'"),
+        ("0", "disk_usage", 1, "decision: DENY"),
+    ],
+)
+def test_grants_explain_refuses_in_one_line_and_denies_by_default(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    who: str,
+    tool: str,
+    status: int,
+    said: str,
+) -> None:
+    """Unknown tools and users are one line (exit 2); no grant and no allow is DENY (exit 1)."""
+    config = str(write(tmp_path))
+    got, out, err = run(capsys, "grants", "explain", who, tool, "local", "--config", config)
+    assert got == status and said in out + err
+
+
+def test_examples_refuses_a_directory_that_is_not_empty(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`examples --write` never overwrites: a non-empty directory is one line, exit 2."""
+    (tmp_path / "keep").write_text("mine\n")
+    status, out, err = run(capsys, "examples", "--write", str(tmp_path))
+    assert (status, out) == (2, "") and err.count("\n") == 1
+    assert (tmp_path / "keep").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize(
+    "argv", [("approvals", "list"), ("approvals", "approve", "req.0123456789abcdef0123")]
+)
+def test_approvals_without_a_daemon_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...]
+) -> None:
+    """No daemon at the socket: the approver is told so in one line, exit 1."""
+    socket = str(tmp_path / "none.sock")
+    status, out, err = run(capsys, *argv, "--socket", socket)
+    assert (status, out) == (1, "") and err.count("\n") == 1
+
+
+def test_approvals_list_and_an_unknown_request_as_an_approver(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An approver with nothing pending is told so; approving an unknown id is refused."""
+    seen: list[tuple[int, str, str]] = []
+
+    async def body(d: Running) -> None:
+        for argv in (
+            ("approvals", "list"),
+            ("approvals", "deny", "req.0123456789abcdef0123"),
+        ):
+            seen.append(await asyncio.to_thread(run, capsys, *argv, "--socket", str(d.path)))
+
+    with_daemon(tmp_path, body, approvals=ApprovalsSection(uids=(os.getuid(),)))
+    (listed, out, _), (denied, _, err) = seen
+    assert (listed, out) == (0, "no call waits for approval\n")
+    assert denied == 1 and "no call waits under req.0123456789abcdef0123" in err
+
+
+def test_approvals_from_someone_who_is_no_approver_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A caller outside [approvals] gets a refusal, never the list."""
+    seen: list[tuple[int, str, str]] = []
+
+    async def body(d: Running) -> None:
+        argv = ("approvals", "list", "--socket", str(d.path))
+        seen.append(await asyncio.to_thread(run, capsys, *argv))
+
+    with_daemon(tmp_path, body, approvals=ApprovalsSection(uids=(os.getuid() + 4242,)))
+    ((status, out, err),) = seen
+    assert (status, out) == (1, "")
+    assert "refused: not an approver" in err
