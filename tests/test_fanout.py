@@ -206,6 +206,20 @@ def scripted_fleet(n: int) -> tuple[dict[str, HostSection], ScriptedRunner]:
     return hosts, ScriptedRunner({"echo state up": RunResult(b"state up\n", b"", 0)})
 
 
+def one_slow_host(which: int, seconds: float) -> ScriptedRunner:
+    """A fleet's runner where the ``which``-th host asked (from 1) answers after ``seconds``."""
+    calls = 0
+
+    async def answer() -> RunResult:
+        nonlocal calls
+        calls += 1
+        if calls == which:
+            await asyncio.sleep(seconds)
+        return RunResult(b"state up\n", b"", 0)
+
+    return ScriptedRunner({"echo state up": answer})
+
+
 def test_the_result_cap_keeps_failures_and_counts_what_it_left_out(tmp_path: Path) -> None:
     """Over max_results, failures come first and `omitted` says how many entries were cut."""
     commands, schemas = operator_files(
@@ -229,16 +243,7 @@ def test_a_host_past_the_deadline_fails_alone(tmp_path: Path) -> None:
         tmp_path, ("fleet_state", command_file(**{"[fanout]": "[fanout]\ndeadline_seconds = 0.5"}))
     )
     hosts, _ = scripted_fleet(3)
-    calls = 0
-
-    async def slow_for_one() -> RunResult:
-        nonlocal calls
-        calls += 1
-        if calls == 2:
-            await asyncio.sleep(5)
-        return RunResult(b"state up\n", b"", 0)
-
-    runner = ScriptedRunner({"echo state up": slow_for_one})
+    runner = one_slow_host(which=2, seconds=5)
     seen: dict[str, Any] = {}
 
     async def body(d: Running) -> None:
@@ -382,16 +387,7 @@ def test_sigterm_mid_fan_out_records_every_host(tmp_path: Path) -> None:
     """Past the drain deadline a fan-out is cut: answered INTERNAL, every host in its record."""
     commands, schemas = operator_files(tmp_path)
     hosts, _ = scripted_fleet(3)
-    calls = 0
-
-    async def one_hangs() -> RunResult:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            await asyncio.sleep(30)
-        return RunResult(b"state up\n", b"", 0)
-
-    runner = ScriptedRunner({"echo state up": one_hangs})
+    runner = one_slow_host(which=1, seconds=30)
     seen: dict[str, Any] = {}
 
     async def body(d: Running) -> None:
@@ -613,3 +609,29 @@ def test_one_host_named_through_targets_never_waits_behind_a_fan_out(tmp_path: P
     )
     assert seen["peak"] == 16 and seen["answer"]["data"]["succeeded"] == 40
     assert seen["one"]["data"]["results"][0]["data"] == {"state": "down"}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"op": "targets"}',
+        b'{"op": "targets", "tool": 5}',
+        b'{"op": "targets", "tool": "fleet_state", "after": 5}',
+        b'{"op": "targets", "tool": "fleet_state", "after": "' + b"a" * 64 + b'"}',
+        b'{"op": "targets", "tool": "fleet_state", "page": 2}',
+        b'{"op": "targets", "tool": "no_such_tool"}',
+    ],
+)
+def test_a_malformed_targets_request_is_a_closed_refusal(tmp_path: Path, line: bytes) -> None:
+    """Garbage in a `targets` request gets the system tool's INVALID_REQUEST, nothing else."""
+    commands, schemas = operator_files(tmp_path)
+    hosts, runner = scripted_fleet(2)
+    seen: list[Any] = []
+
+    async def body(d: Running) -> None:
+        seen.append(await d.ask(line + b"\n"))
+
+    on_fleet(tmp_path, body, runner, hosts, commands, schemas)
+    (answer,) = seen
+    assert set(answer) == {"tool", "request_id", "outcome", "error"}
+    assert answer["error"] == {"code": "INVALID_REQUEST", "retryable": False}
