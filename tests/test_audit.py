@@ -72,6 +72,40 @@ def test_group_commit_shares_fsyncs_between_concurrent_appends(tmp_path: Path) -
     assert 1 <= log.syncs < 100
 
 
+def test_a_lone_append_is_synced_before_it_returns_without_a_loop_turn(tmp_path: Path) -> None:
+    """alone=True on a fast disk: durable when append returns, and no other callback ran."""
+
+    async def main() -> tuple[AuditLog, list[str]]:
+        log = AuditLog(tmp_path / "a.jsonl", fsync="always")
+        log.open()
+        turns: list[str] = []
+        for i in range(3):
+            asyncio.get_running_loop().call_soon(turns.append, f"turn {i}")
+            await log.append({"type": "x", "n": i}, alone=True)
+            assert turns == [f"turn {j}" for j in range(i)]  # the loop did not turn meanwhile
+            await asyncio.sleep(0)
+        log.close()
+        return log, turns
+
+    log, _ = asyncio.run(main())
+    assert log.syncs == 3  # one fsync per record, each before its append returned
+
+
+def test_an_append_alone_beside_a_waiting_one_shares_the_group_commit(tmp_path: Path) -> None:
+    """alone=True while another append waits for its fsync: both durable, one group commit."""
+
+    async def main() -> AuditLog:
+        log = AuditLog(tmp_path / "a.jsonl", fsync="always")
+        log.open()
+        await asyncio.gather(log.append({"type": "x"}), log.append({"type": "y"}, alone=True))
+        log.close()
+        return log
+
+    log = asyncio.run(main())
+    assert len((tmp_path / "a.jsonl").read_bytes().splitlines()) == 2
+    assert log.syncs == 1
+
+
 def test_chain_of_an_untouched_log_is_intact(tmp_path: Path) -> None:
     """A log written by AuditLog verifies clean, first record chained to the genesis hash."""
     write_log(tmp_path / "a.jsonl", sample(5))

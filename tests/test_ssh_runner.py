@@ -36,6 +36,7 @@ from sshadapter.config import HostSection
 from sshadapter.errors import UpstreamError
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.ssh import exec_gate
+from sshadapter.runners.ssh.coalesce import CoalescingTransport
 from sshadapter.runners.ssh.runner import SshRunner
 
 T = TypeVar("T")
@@ -114,6 +115,26 @@ def test_stdin_is_closed(sshd: Sshd) -> None:
     result = run_one(sshd.host_section(), "cat", timeout=5.0)
     assert (result.stdout, result.exit_status) == (b"", 0)
     assert time.monotonic() - started < 2.0
+
+
+def test_stdin_is_closed_on_spare_channels_too(sshd: Sshd) -> None:
+    """On a warmed pool, calls run on spares whose EOF follows the exec: cat ends at once."""
+
+    async def body(runner: SshRunner) -> tuple[list[RunResult], int, bool]:
+        await runner.warm("h")
+        results = []
+        for _ in range(3):
+            await asyncio.sleep(0.2)  # the next spare is open
+            results.append(await runner.run("h", "cat", **{**CAPS, "timeout": 5.0}))
+        pool = runner._pools["h"]
+        coalesced = all(isinstance(c.ssh._transport, CoalescingTransport) for c in pool._conns)
+        return results, pool.spares_used, coalesced
+
+    results, used, coalesced = with_runner({"h": sshd.host_section()}, body)
+    assert [(r.stdout, r.exit_status) for r in results] == [(b"", 0)] * 3
+    assert all(r.duration_seconds < 2.0 for r in results)
+    assert used == 3
+    assert coalesced, f"asyncssh {asyncssh.__version__}: writes are no longer coalesced"
 
 
 def test_no_pty(sshd: Sshd) -> None:

@@ -301,8 +301,13 @@ class AuditLog:
             return
         log.warning("audit file %s no longer named the open file: reopened it", self.path)
 
-    async def append(self, record: Mapping[str, Any]) -> None:
-        """Write one record and return once it is as durable as the fsync policy says."""
+    async def append(self, record: Mapping[str, Any], *, alone: bool = False) -> None:
+        """Write one record and return once it is as durable as the fsync policy says.
+
+        ``alone``: the caller knows no other append is on its way (one call in flight).
+        Then, with nothing else waiting and a fast disk, the record is synced right here:
+        no flusher task and no waiter, two loop turns fewer before the caller goes on.
+        """
         number = self.write(record)
         reason = _not_written(record)
         if self.fsync == "never":
@@ -310,10 +315,32 @@ class AuditLog:
         if self.fsync == "batch":
             self._start_flusher(delay=BATCH_INTERVAL_SECONDS)
             return
+        if alone and self._sync_here(number, reason):
+            return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((number, waiter, reason))
         self._start_flusher(delay=0.0)
         await waiter
+
+    def _sync_here(self, number: int, reason: str) -> bool:
+        """Sync record ``number`` on the loop now, if it is the only one not yet durable and
+        fsyncs are fast; False (nothing done) otherwise. Raises AuditError if the sync fails."""
+        file = self._file
+        idle = self._flusher is None or self._flusher.done()
+        if file is None or not idle or self._waiters or self._retired:
+            return False
+        if number - self._settled != 1 or self._fsync_seconds >= INLINE_FSYNC_MAX_SECONDS:
+            return False
+        started = time.monotonic()
+        try:
+            file.sync()
+        except OSError as exc:
+            self._settle(number, exc)
+            raise AuditError(reason, f"{exc.strerror} syncing {self.path}") from exc
+        self._measured(time.monotonic() - started)
+        self.syncs += 1
+        self._settle(number, None)
+        return True
 
     def _measured(self, seconds: float) -> None:
         self._fsync_seconds += _FSYNC_EWMA_WEIGHT * (seconds - self._fsync_seconds)

@@ -508,7 +508,7 @@ class Service:
             if record is call:
                 if call.approval is not None:
                     call.approval.check(call.command)  # what runs is what was approved
-                await self.audit.append(call.intent())  # 4
+                await self.audit.append(call.intent(), alone=len(self.calls) == 1)  # 4
             attempt = record.begin_attempt()
             try:
                 run = await self.runner.run(  # 5
@@ -572,7 +572,7 @@ class Service:
             verdict, record = self._prepare(call, self._failed(call, exc))
         call.result_written = True
         try:
-            await self.audit.append(record)
+            await self.audit.append(record, alone=len(self.calls) == 1)
         except AuditError as exc:
             log.error("%s result not written: %s", call.request_id, exc)
             self.metrics.audit_failures.inc()

@@ -96,4 +96,11 @@ from sshadapter.runners.ssh import exec_gate as _s
 
 _s.SPARES = False
 """,
+    # runners.ssh without coalesced writes: one send() per SSH packet, as asyncssh does
+    # alone (measures what runners/ssh/coalesce.py saves). Measurement only.
+    "no-coalesce": r"""
+from sshadapter.runners.ssh import dial as _d
+
+_d.coalesce_writes = lambda conn: False
+""",
 }

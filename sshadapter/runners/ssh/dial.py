@@ -22,6 +22,7 @@ from sshadapter.bounded_read import read_bounded
 from sshadapter.config import HostSection
 from sshadapter.errors import ConfigError
 from sshadapter.runners.ssh.certificates import pin_host_principal, validity
+from sshadapter.runners.ssh.coalesce import coalesce_writes
 from sshadapter.runners.ssh.translate import KeyLoadError, KnownHostsError, describe
 
 KEEPALIVE_COUNT_MAX: Final = 3  # unanswered keepalives before a connection is declared dead
@@ -101,6 +102,7 @@ class _Client(asyncssh.SSHClient):
     def connection_made(self, conn: asyncssh.SSHClientConnection) -> None:
         self._conn = conn
         pin_host_principal(conn, self._principal)  # before the version exchange and kex
+        coalesce_writes(conn)  # one send() per loop turn from here on
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._conn is not None:

@@ -9,6 +9,9 @@ channel instance's ``_make_request`` (same signature since asyncssh 2.0) so that
 exec request waits until a call hands over its command, and carries that command
 instead. If the method ever goes, ``SPARES`` is False and every call opens its own
 channel, as before spares.
+
+The channel's EOF (stdin closed) follows the exec request at once, without waiting for
+its reply, as OpenSSH's ``ssh -n`` does: with ``coalesce`` both leave in one send().
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ def hold_exec(chan: asyncssh.SSHClientChannel[bytes], command: asyncio.Future[st
     async def gated(request: bytes, *args: bytes) -> bool | None:
         if request == b"exec":
             args = (asyncssh_packet.String(await command),)
+            # Runs the next loop turn, after the request below is written (the same step):
+            # stdin is closed right behind the command. A no-op on a channel not open.
+            asyncio.get_running_loop().call_soon(chan.write_eof)
         return await original(request, *args)
 
     chan._make_request = gated  # type: ignore[method-assign]
