@@ -372,6 +372,8 @@ class FaultServer:
         self.handshaking = 0  # connections accepted and not yet authenticated
         self.handshakes_peak = 0  # the most of those at once (reset it before a test)
         self.accepted = 0  # connections accepted so far
+        self.closed_by_client: list[str] = []
+        """Commands whose channel the client closed while the server still held it open."""
         host_key = asyncssh.generate_private_key("ssh-ed25519")
         client_key = asyncssh.generate_private_key("ssh-ed25519")
         self.client_key = workdir / "fault_client_key"
@@ -505,6 +507,22 @@ class FaultServer:
                 await self._blob(process.stdout, int(args[0]))
             elif verb == "exit":
                 status = int(args[0])
+            elif verb == "status-before-output":  # exit-status, then output, then EOF
+                _send_exit_status(process, 3)
+                await asyncio.sleep(0.05)
+                process.stdout.write(b"late\n")
+                await process.stdout.drain()
+                await asyncio.sleep(0.05)
+                process.channel.write_eof()
+                process.channel.close()
+                return
+            elif verb == "no-close":  # output, EOF and exit-status; the server never closes
+                process.stdout.write(b"done\n")
+                process.channel.write_eof()
+                _send_exit_status(process, 0)
+                await process.channel.wait_closed()  # closed by the client
+                self.closed_by_client.append(process.command or "")
+                return
             else:
                 process.stderr.write(b"unknown fault command\n")
                 status = 127
@@ -527,6 +545,11 @@ class FaultServer:
             stream.write(piece)
             await stream.drain()
             self.flood_bytes_written += len(piece)
+
+
+def _send_exit_status(process: asyncssh.SSHServerProcess[bytes], status: int) -> None:
+    """The exit-status request alone: asyncssh's public exit() also closes the channel."""
+    process.channel._send_request(b"exit-status", asyncssh.packet.UInt32(status))
 
 
 @contextlib.contextmanager

@@ -531,6 +531,27 @@ def test_calls_go_out_on_spare_channels_and_nothing_runs_before(faults: FaultSer
     assert faults.commands_seen == [f"echo {i}" for i in range(5)]
 
 
+def test_output_after_the_exit_status_is_kept_until_eof(faults: FaultServer) -> None:
+    """An exit status that arrives before the last output: the call waits for EOF, loses nothing."""
+    result = run_one(faults.host_section(), "status-before-output", timeout=5.0)
+    assert (result.stdout, result.exit_status) == (b"late\n", 3)
+
+
+def test_a_channel_the_host_never_closes_ends_at_eof_and_exit_status(
+    faults: FaultServer,
+) -> None:
+    """EOF and the exit status, then no close: the call ends at once and closes the channel."""
+    faults.closed_by_client.clear()
+    started = time.monotonic()
+    result = run_one(faults.host_section(), "no-close", timeout=5.0)
+    assert (result.stdout, result.exit_status) == (b"done\n", 0)
+    assert time.monotonic() - started < 2.0  # not the 5 s timeout
+    deadline = time.monotonic() + 2.0
+    while not faults.closed_by_client and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert faults.closed_by_client == ["no-close"]
+
+
 def test_concurrent_calls_share_spares_within_the_channel_cap(faults: FaultServer) -> None:
     """Twelve calls at once on one connection capped at 6 channels: all answered, none refused."""
 
