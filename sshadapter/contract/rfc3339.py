@@ -80,10 +80,8 @@ def parse_rfc3339(text: str) -> datetime:
     converting from its own timezone, without building one per call.
     """
     (year, month, day, hour, minute, second), fraction, offset = _fields(text)
-    if second == 60:
-        micro = 999_999
-    else:
-        micro = int(fraction[:6].ljust(6, "0")) if fraction else 0
+    digits = (fraction or "")[:6].ljust(6, "0")
+    micro = 999_999 if second == 60 else int(digits)
     try:
         moment = datetime(year, month, day, hour, minute, min(second, 59), micro, tzinfo=UTC)
         return moment - timedelta(minutes=offset) if offset else moment
