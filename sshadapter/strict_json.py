@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import itertools
 import re
+import threading
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -61,6 +62,10 @@ DUMP_SLICE_BYTES: Final[int] = 1024 * 1024
 SPINE_LEVELS: Final[int] = 4
 SPINE_FANOUT: Final[int] = 16
 SPINE_VISITS: Final[int] = 512  # containers taken apart at most: a bound on the Python work
+# Up to this size the brackets are counted to skip the depth wrapping of a document
+# that cannot be too deep; over it two counts of the input cost more than the wrapping
+# (a cached chain of lists, _chain), so the value is always wrapped.
+BRACKET_COUNT_MAX_BYTES: Final[int] = 8 * 1024
 _DIGITS_TO_ZERO: Final = bytes.maketrans(b"123456789", b"000000000")
 _LONG_DIGIT_RUN: Final = b"0" * 19
 
@@ -114,7 +119,11 @@ def strict_loads(data: bytes, *, max_bytes: int, max_depth: int) -> Any:
     # _DUMPS_MAX_DEPTH. Wrapped in (_DUMPS_MAX_DEPTH - max_depth) lists, the value
     # is refused exactly when its own depth exceeds max_depth. A document with at
     # most max_depth brackets (strings included) cannot be too deep: no wrapping.
-    wraps = _DUMPS_MAX_DEPTH - max_depth if data.count(b"[") + data.count(b"{") > max_depth else 0
+    # (Counting costs more than the wrapping over BRACKET_COUNT_MAX_BYTES: always wrap there.)
+    shallow = (
+        len(data) <= BRACKET_COUNT_MAX_BYTES and data.count(b"[") + data.count(b"{") <= max_depth
+    )
+    wraps = 0 if shallow else _DUMPS_MAX_DEPTH - max_depth
     try:
         colons = _written_colons(value, wraps, len(data))
     except orjson.JSONEncodeError as exc:
@@ -142,9 +151,47 @@ def _written_colons(value: Any, wraps: int, size: int) -> int:
 
 
 def _dumped_colons(value: Any, wraps: int) -> int:
-    for _ in range(wraps):
-        value = [value]
-    return orjson.dumps(value).count(b":")
+    """The colons of ``orjson.dumps`` of ``value`` inside ``wraps`` lists; its errors raised.
+
+    The lists are a chain built once per thread and wraps count (``_chain``):
+    building ~240 of them per call cost more than the dumps of a 1 KB value.
+    """
+    if not wraps:
+        return orjson.dumps(value).count(b":")
+    outer, hole = _chain(wraps)
+    hole.append(value)
+    try:
+        return orjson.dumps(outer).count(b":")
+    finally:
+        hole.clear()  # the chain never keeps a value alive
+
+
+# Chains of nested lists cached per thread (a chain holds one value at a time, so a
+# chain is never shared between threads), for at most this many wraps counts: a few
+# max_depth values, plus the spine's levels, in practice.
+MAX_CACHED_CHAINS: Final[int] = 64
+_chains = threading.local()
+
+
+def _chain(wraps: int) -> tuple[list[Any], list[Any]]:
+    """``wraps`` nested lists: the outermost, and the empty innermost to put a value in.
+
+    Cached for this thread; a fresh chain if the cached one is in use (a re-entrant
+    call) or the cache is full.
+    """
+    cache: dict[int, tuple[list[Any], list[Any]]] | None = getattr(_chains, "cache", None)
+    if cache is None:
+        cache = _chains.cache = {}
+    found = cache.get(wraps)
+    if found is not None and not found[1]:
+        return found
+    hole: list[Any] = []
+    outer = hole
+    for _ in range(wraps - 1):
+        outer = [outer]
+    if found is None and len(cache) < MAX_CACHED_CHAINS:
+        cache[wraps] = (outer, hole)
+    return outer, hole
 
 
 def _spine_colons(node: Any, wraps: int, levels: int, size: int, visits: list[int]) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given
@@ -111,3 +111,25 @@ def test_rfc3339_parser_accepts_rfc_forms() -> None:
 def test_rfc3339_round_trips(moment: datetime) -> None:
     """Formatting then parsing gives the same instant."""
     assert parse_rfc3339(format_rfc3339(moment)) == moment
+
+
+@given(
+    st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30)),
+    st.integers(min_value=-(23 * 60 + 59), max_value=23 * 60 + 59),
+)
+def test_rfc3339_offset_is_the_converted_instant(local: datetime, minutes: int) -> None:
+    """Reading the local time as UTC less the offset is the instant its own timezone gives."""
+    sign = "-" if minutes < 0 else "+"
+    hours, mins = divmod(abs(minutes), 60)
+    text = local.isoformat(timespec="microseconds") + f"{sign}{hours:02d}:{mins:02d}"
+    expected = local.replace(tzinfo=timezone(timedelta(minutes=minutes))).astimezone(UTC)
+    parsed = parse_rfc3339(text)
+    assert parsed == expected
+    assert parsed.tzinfo is UTC
+
+
+@pytest.mark.parametrize("text", ["0001-01-01T00:30:00+01:00", "9999-12-31T23:59:00-01:00"])
+def test_rfc3339_instant_outside_datetime_range_is_refused(text: str) -> None:
+    """A valid timestamp whose UTC instant Python cannot hold is refused, never wrapped."""
+    with pytest.raises(ValueError, match="outside the range of comparable times"):
+        parse_rfc3339(text)

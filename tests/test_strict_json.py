@@ -728,3 +728,42 @@ def test_escaped_colons_are_counted_exactly_across_pieces(between: bytes, duplic
 
 def loads_big(data: bytes) -> Any:
     return strict_loads(data, max_bytes=len(data), max_depth=DEFAULT_MAX_DEPTH)
+
+
+@pytest.mark.parametrize("depth", [4, 5])
+def test_depth_checked_past_bracket_count_size(depth: int) -> None:
+    """Over BRACKET_COUNT_MAX_BYTES (no bracket count) depth is still exact, either side of it."""
+    pad = "x" * strict_json.BRACKET_COUNT_MAX_BYTES
+    data = ("[" * (depth - 1) + f'{{"a": "{pad}"}}' + "]" * (depth - 1)).encode()
+    assert len(data) > strict_json.BRACKET_COUNT_MAX_BYTES
+    if depth <= 4:
+        assert strict_loads(data, max_bytes=len(data), max_depth=4) is not None
+    else:
+        with pytest.raises(StrictJSONError) as err:
+            strict_loads(data, max_bytes=len(data), max_depth=4)
+        assert err.value.reason == "too_deep"
+
+
+def test_wrapping_chain_in_use_is_not_shared() -> None:
+    """A chain holding a value (a re-entrant call) is never handed out again: a fresh one is."""
+    outer, hole = strict_json._chain(7)
+    assert strict_json._chain(7) == (outer, hole)  # cached, empty: the same chain
+    hole.append(1)
+    try:
+        fresh_outer, fresh_hole = strict_json._chain(7)
+        assert fresh_hole is not hole and not fresh_hole
+        fresh_hole.append(1)
+        assert orjson.dumps(fresh_outer) == orjson.dumps(outer) == b"[" * 7 + b"1" + b"]" * 7
+    finally:
+        hole.clear()
+
+
+def test_wrapping_chains_cache_is_bounded() -> None:
+    """Past MAX_CACHED_CHAINS wraps counts a chain is built each time, never cached."""
+    for wraps in range(1, strict_json.MAX_CACHED_CHAINS + 3):
+        outer, hole = strict_json._chain(wraps)
+        hole.append(0)
+        assert orjson.dumps(outer).count(b"[") == wraps
+        hole.clear()
+    big = strict_json.MAX_CACHED_CHAINS + 2
+    assert strict_json._chain(big)[0] is not strict_json._chain(big)[0]

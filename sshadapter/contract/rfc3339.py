@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from calendar import isleap
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 # ASCII digits only: Python's \d also matches other scripts' digits.
@@ -36,13 +36,17 @@ _DAYS: Final = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 _LAST_MINUTE_OF_DAY: Final = 23 * 60 + 59
 
 
-def _fields(text: str) -> tuple[re.Match[str], int]:
-    """The match and the offset in minutes, or ValueError naming the broken part."""
+_FIELDS: Final = ("year", "month", "day", "hour", "minute", "second")
+
+
+def _fields(text: str) -> tuple[tuple[int, ...], str | None, int]:
+    """(year, month, day, hour, minute, second), the fraction's digits and the offset in
+    minutes, or ValueError naming the broken part."""
     match = _DATE_TIME.fullmatch(text)
     if match is None:
         raise ValueError("not an RFC 3339 date-time with a timezone")
-    year, month, day = (int(match[k]) for k in ("year", "month", "day"))
-    hour, minute, second = (int(match[k]) for k in ("hour", "minute", "second"))
+    numbers = tuple(map(int, match.group(*_FIELDS)))
+    year, month, day, hour, minute, second = numbers
     if not 1 <= month <= 12:
         raise ValueError("month out of range")
     if not 1 <= day <= _DAYS[month - 1] + (month == 2 and isleap(year)):
@@ -57,7 +61,7 @@ def _fields(text: str) -> tuple[re.Match[str], int]:
         offset = (off_hour * 60 + off_minute) * (-1 if match["sign"] == "-" else 1)
     if second == 60 and (hour * 60 + minute - offset) % 1440 != _LAST_MINUTE_OF_DAY:
         raise ValueError("a leap second is only 23:59:60 UTC")
-    return match, offset
+    return numbers, match["fraction"], offset
 
 
 def is_date_time(text: str) -> bool:
@@ -70,22 +74,17 @@ def is_date_time(text: str) -> bool:
 
 
 def parse_rfc3339(text: str) -> datetime:
-    """Return an aware UTC datetime, or raise ValueError saying why ``text`` is not one."""
-    match, offset = _fields(text)
-    second = int(match["second"])
-    fraction = (match["fraction"] or "")[:6].ljust(6, "0")
+    """Return an aware UTC datetime, or raise ValueError saying why ``text`` is not one.
+
+    The local time is read as UTC and the offset subtracted: the same instant as
+    converting from its own timezone, without building one per call.
+    """
+    (year, month, day, hour, minute, second), fraction, offset = _fields(text)
+    digits = (fraction or "")[:6].ljust(6, "0")
+    micro = 999_999 if second == 60 else int(digits)
     try:
-        moment = datetime(
-            int(match["year"]),
-            int(match["month"]),
-            int(match["day"]),
-            int(match["hour"]),
-            int(match["minute"]),
-            min(second, 59),
-            999_999 if second == 60 else int(fraction),
-            tzinfo=timezone(timedelta(minutes=offset)),
-        )
-        return moment.astimezone(UTC)
+        moment = datetime(year, month, day, hour, minute, min(second, 59), micro, tzinfo=UTC)
+        return moment - timedelta(minutes=offset) if offset else moment
     except (ValueError, OverflowError) as exc:  # year 0000, or 9999-12-31T23:59-01:00
         raise ValueError(f"outside the range of comparable times: {exc}") from exc
 

@@ -224,7 +224,15 @@ class Validator:
         return bool(self._compiled.is_valid(value))
 
     def validate(self, value: Any) -> None:
-        """Raise EvidenceError(stage="schema") naming the schema and instance paths."""
+        """Raise EvidenceError(stage="schema") naming the schema and instance paths.
+
+        ``is_valid`` first: on a valid value it is the only pass, and it costs
+        ~0.7x ``validate`` (which keeps what it needs to report an error).
+        ``validate`` runs only to explain a value ``is_valid`` refused; if the
+        two ever disagreed, the value is refused all the same.
+        """
+        if self._compiled.is_valid(value):
+            return
         try:
             self._compiled.validate(value)
         except jsonschema_rs.ValidationError as exc:
@@ -235,6 +243,9 @@ class Validator:
                 schema_path=_pointer(exc.schema_path),
                 instance_path=_pointer(exc.instance_path),
             ) from exc
+        raise EvidenceError(  # pragma: no cover - jsonschema-rs's two entry points disagree
+            "schema", "schema_mismatch", "refused by is_valid, accepted by validate"
+        )
 
 
 def read_schema_files(directory: Path) -> dict[str, bytes]:
