@@ -774,5 +774,42 @@ def run(operation: str, command: "list[str]", raw: bytes, log_socket: str) -> in
         return NOT_FOUND_STATUS if isinstance(exc, FileNotFoundError) else CANNOT_EXECUTE_STATUS
 
 
+# The compiled file (sshadapter/dispatch/launcher.py, docs/dispatcher.md "Start-up") ----
+
+
+def write_compiled(target: str, data: bytes, compiled: "Callable[..., Any]", source: str) -> int:
+    """``sshadapter-dispatch --compile``: write ``data`` to ``target`` atomically, 0644, and
+    say whether calls will use it (``compiled``, the launcher's own check, with the owners
+    the forced command allows by default and the one who compiled it)."""
+    script = target[: -len(".compiled")]
+    if not target.startswith("/"):  # a call finds it by the forced command's absolute path
+        sys.stderr.write(f"{TAG}: {script}: run --compile by the file's absolute path\n")
+        return CANNOT_EXECUTE_STATUS
+    temporary = f"{target}.{posix.getpid()}.tmp"
+    flags = posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC
+    try:
+        fd = posix.open(temporary, flags, 0o644)
+        try:
+            posix.fchmod(fd, 0o644)  # whatever the umask
+            view = memoryview(data)
+            while view:
+                view = view[posix.write(fd, view) :]
+            posix.fsync(fd)
+        finally:
+            posix.close(fd)
+        posix.rename(temporary, target)
+    except OSError as exc:
+        sys.stderr.write(f"{TAG}: {target}: {exc.strerror}\n")
+        return CANNOT_EXECUTE_STATUS
+    if compiled(script, source, {TRUSTED_OWNER, posix.geteuid()}) is None:
+        sys.stderr.write(
+            f"{TAG}: {target}: written, but calls will not use it: it and every directory "
+            "above it must be root's and writable by nobody else, as the policy\n"
+        )
+        return CANNOT_EXECUTE_STATUS
+    sys.stderr.write(f"{TAG}: {target}: compiled for {sys.implementation.cache_tag}\n")
+    return 0
+
+
 if __name__ == "__main__":
     sys.exit(main())
