@@ -2,8 +2,11 @@
 """sshadapter-dispatch: the forced command on a host, so the adapter's key runs only its operations.
 
 This file runs on the remote host, not in the daemon: Python 3.9 or later, the
-standard library only, one file (``sshadapter dispatcher --write PATH`` writes
-it out). The daemon never imports it. Reference: docs/dispatcher.md.
+standard library only. ``sshadapter dispatcher --write PATH`` writes it out as
+the ``SOURCE`` of sshadapter/dispatch/launcher.py, one file, which runs it from
+code ``PATH --compile`` compiled ahead when that is trusted and current, else
+from this source (write_compiled below writes it). The daemon never imports it.
+Reference: docs/dispatcher.md.
 
 sshd runs it for every session of the adapter's key, through the key's
 ``authorized_keys`` line (one line, cut here)::
@@ -33,7 +36,6 @@ answered here, with the policy's digests, for the daemon's drift check.
 # instead of hashlib (OpenSSL's start-up), no typing and no __future__ (annotations are
 # strings); re only for a parameter with a pattern or a date-time (docs/dispatcher.md
 # "Start-up").
-import _signal
 import _socket
 import _stat
 import posix  # os's functions themselves; importing os costs ~1.6 ms under -I -S
@@ -42,24 +44,32 @@ import sys
 import time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # what the checker reads for the C modules below: the same functions
+    import signal as _signal
     from collections.abc import Callable, Mapping
+    from hashlib import sha256 as _SHA256
     from types import ModuleType
     from typing import Any
 
-try:  # the builtin sha256: _sha256 up to 3.11, _sha2 since 3.12; else hashlib's
-    from _sha256 import sha256 as _SHA256
-except ImportError:  # pragma: no cover - depends on the host's Python
-    try:
-        from _sha2 import sha256 as _SHA256
-    except ImportError:
-        from hashlib import sha256 as _SHA256
-try:  # the C halves of json (every CPython builds them); json itself is the fallback
-    from _json import encode_basestring_ascii as _quote_json
-    from _json import make_encoder as _make_encoder
-    from _json import make_scanner as _make_scanner
-except ImportError:  # pragma: no cover - depends on the host's Python
-    _make_scanner = _make_encoder = _quote_json = None
+    _make_scanner: Any
+    _make_encoder: Any
+    _quote_json: Any
+else:
+    import _signal
+
+    try:  # the builtin sha256: _sha256 up to 3.11, _sha2 since 3.12; else hashlib's
+        from _sha256 import sha256 as _SHA256
+    except ImportError:  # pragma: no cover - depends on the host's Python
+        try:
+            from _sha2 import sha256 as _SHA256
+        except ImportError:
+            from hashlib import sha256 as _SHA256
+    try:  # the C halves of json (every CPython builds them); json itself is the fallback
+        from _json import encode_basestring_ascii as _quote_json
+        from _json import make_encoder as _make_encoder
+        from _json import make_scanner as _make_scanner
+    except ImportError:  # pragma: no cover - depends on the host's Python
+        _make_scanner = _make_encoder = _quote_json = None
 
 
 def sha256_hex(data: bytes) -> str:
@@ -190,7 +200,8 @@ def canonical_json(value: "Any") -> bytes:
     ensure_ascii=True)``, through the C encoder json.dumps itself uses, without
     importing json (tests/test_dispatch.py holds the two equal)."""
     if _make_encoder is None:  # pragma: no cover - a Python without _json
-        return _json_module().dumps(value, sort_keys=True, separators=(",", ":")).encode()
+        text: str = _json_module().dumps(value, sort_keys=True, separators=(",", ":"))
+        return text.encode()
     encode = _make_encoder(
         {}, _not_json, _quote_json, None, ":", ",", True, False, False
     )  # markers, default, str encoder, indent, separators, sort_keys, skipkeys, allow_nan

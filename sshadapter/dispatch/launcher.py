@@ -31,15 +31,17 @@ import sys
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
+    from hashlib import sha256 as _SHA256
     from types import CodeType
-
-try:  # the builtin sha256: _sha256 up to 3.11, _sha2 since 3.12; else hashlib's
-    from _sha256 import sha256 as _SHA256
-except ImportError:  # pragma: no cover - depends on the host's Python
-    try:
-        from _sha2 import sha256 as _SHA256
-    except ImportError:
-        from hashlib import sha256 as _SHA256
+    from typing import Any
+else:
+    try:  # the builtin sha256: _sha256 up to 3.11, _sha2 since 3.12; else hashlib's
+        from _sha256 import sha256 as _SHA256
+    except ImportError:  # pragma: no cover - depends on the host's Python
+        try:
+            from _sha2 import sha256 as _SHA256
+        except ImportError:
+            from hashlib import sha256 as _SHA256
 
 CODE_FORMAT = "sshadapter-dispatch-code/1"
 CODE_SUFFIX = ".compiled"  # PATH.compiled, next to PATH
@@ -145,7 +147,10 @@ def main(source: str) -> None:
     if code is None:  # docstrings are never read: optimize=2 makes the code smaller to load
         code = compile(source, script, "exec", dont_inherit=True, optimize=2)
     if args == [COMPILE_OPTION]:
-        namespace = {"__name__": "sshadapter_dispatch", "__builtins__": __builtins__}
+        namespace: dict[str, Any] = {
+            "__name__": "sshadapter_dispatch",
+            "__builtins__": __builtins__,
+        }
         exec(code, namespace)  # noqa: S102 - the dispatcher's own definitions, nothing runs
         data = header(source) + marshal.dumps(code)
         sys.exit(namespace["write_compiled"](script + CODE_SUFFIX, data, compiled, source))
