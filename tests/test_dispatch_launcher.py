@@ -310,3 +310,65 @@ def test_the_launcher_walk_trusts_what_the_policy_walk_trusts(host: Path, tmp_pa
     big.write_bytes(b" " * (launcher.MAX_CODE_BYTES + 1))
     big.chmod(0o644)
     assert launcher.read_trusted(str(big), {0, owner}) is None
+
+
+def test_compiled_returns_code_only_when_every_condition_holds(host: Path) -> None:
+    """In-process: trusted, current and a code object gives code; any failure gives None."""
+    source = DISPATCHER_SOURCE.read_text()
+    script = str(host / "sshadapter-dispatch")
+    allowed = launcher.owners(policy_owner_args())
+    assert launcher.compiled(script, source, allowed) is None  # no file
+    cache = Path(script + launcher.CODE_SUFFIX)
+    code = compile(MARKER_CODE, "marker", "exec")
+    cache.write_bytes(launcher.header(source) + marshal.dumps(code))
+    cache.chmod(0o644)
+    assert launcher.compiled(script, source, allowed) == code
+    assert launcher.compiled(script, source + "\n", allowed) is None  # another source
+    cache.write_bytes(launcher.header(source) + b"\xff")
+    assert launcher.compiled(script, source, allowed) is None  # not marshal
+    cache.write_bytes(launcher.header(source) + marshal.dumps(["not", "code"]))
+    assert launcher.compiled(script, source, allowed) is None  # not a code object
+
+
+def test_write_compiled_writes_atomically_and_says_whether_calls_use_it(
+    host: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In-process: written 0644 and usable (0); relative, unsafe or unwritable: 126."""
+    source = DISPATCHER_SOURCE.read_text()
+    data = launcher.header(source) + marshal.dumps(compile(source, "x", "exec"))
+    target = str(host / "sshadapter-dispatch") + launcher.CODE_SUFFIX
+    assert dispatcher.write_compiled(target, data, launcher.compiled, source) == 0
+    assert Path(target).read_bytes() == data
+    assert Path(target).stat().st_mode & 0o777 == 0o644
+    assert "compiled for" in capsys.readouterr().err
+    relative = "sshadapter-dispatch" + launcher.CODE_SUFFIX
+    assert dispatcher.write_compiled(relative, data, launcher.compiled, source) == 126
+    assert "absolute path" in capsys.readouterr().err
+    tmp_path.chmod(0o777)
+    unsafe = str(tmp_path / "sshadapter-dispatch") + launcher.CODE_SUFFIX
+    assert dispatcher.write_compiled(unsafe, data, launcher.compiled, source) == 126
+    assert "calls will not use it" in capsys.readouterr().err
+    missing = str(host / "no" / "sshadapter-dispatch") + launcher.CODE_SUFFIX
+    assert dispatcher.write_compiled(missing, data, launcher.compiled, source) == 126
+    assert "No such file" in capsys.readouterr().err
+
+
+def test_the_launcher_main_compiles_and_runs_in_process(
+    host: Path, local_policy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """main: no source exits 126; --compile writes the file; a call then runs from it."""
+    source = DISPATCHER_SOURCE.read_text()
+    script = str(host / "sshadapter-dispatch")
+    with pytest.raises(SystemExit) as empty:
+        launcher.main("")
+    assert empty.value.code == launcher.CANNOT_EXECUTE_STATUS
+    monkeypatch.setattr(sys, "argv", [script, launcher.COMPILE_OPTION])
+    with pytest.raises(SystemExit) as compiling:
+        launcher.main(source)
+    assert compiling.value.code == 0
+    assert launcher.compiled(script, source, launcher.owners(policy_owner_args())) is not None
+    args = [*policy_owner_args(), "--log-socket", str(host / "log"), str(local_policy)]
+    monkeypatch.setattr(sys, "argv", [script, *args])
+    with pytest.raises(SystemExit) as judged:  # run from the compiled code; nothing execs
+        launcher.main(source)  # this process's start-up environment has no command: 77
+    assert judged.value.code == dispatcher.REFUSED_STATUS
