@@ -217,7 +217,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     sudoers.set_defaults(handler=_cmd_sudoers)
 
-    dispatcher = sub.add_parser("dispatcher", help="write out the host's sshadapter-dispatch")
+    dispatcher = sub.add_parser(
+        "dispatcher",
+        help="write out the host's sshadapter-dispatch",
+        description="Write the host's sshadapter-dispatch. Install it as root, then run "
+        "PATH --compile on the host, so calls skip compiling it (docs/dispatcher.md).",
+    )
     dispatcher.add_argument(
         "--write", type=Path, required=True, metavar="PATH", help="the file to write (mode 0755)"
     )

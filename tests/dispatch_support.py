@@ -50,11 +50,29 @@ def write_policy(path: Path, document: Mapping[str, Any]) -> Path:
     return path
 
 
-def install_dispatcher(directory: Path) -> Path:
-    """The dispatcher as `sshadapter dispatcher --write` leaves it: 0755, first line intact."""
+# What the written file's first line names (the tests' sshd runs it by that line).
+HOST_PYTHON = "/usr/bin/python3"
+
+
+def host_python() -> str:
+    return HOST_PYTHON if os.access(HOST_PYTHON, os.X_OK) else sys.executable
+
+
+def install_dispatcher(directory: Path, *, compiled: bool = True) -> Path:
+    """The dispatcher as `sshadapter dispatcher --write` leaves it (0755, first line intact),
+    and with ``compiled`` as the install step leaves it: `PATH --compile` by the host's
+    Python, so calls run the code compiled ahead (docs/dispatcher.md "Start-up")."""
     target = directory / "sshadapter-dispatch"
-    shutil.copyfile(DISPATCHER_SOURCE, target)
+    target.write_bytes(policy.dispatcher_source())
     target.chmod(0o755)
+    if compiled:
+        done = subprocess.run(
+            [host_python(), "-IS", str(target), "--compile"],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
     return target
 
 

@@ -859,9 +859,12 @@ def _vermin(path: Path) -> subprocess.CompletedProcess[str]:
 
 def test_the_dispatcher_needs_nothing_newer_than_python_3_9(tmp_path: Path) -> None:
     """vermin finds no feature of Python 3.10 or later (and does find one when there is)."""
-    ast.parse(DISPATCHER_SOURCE.read_text(), feature_version=(3, 9))
-    done = _vermin(DISPATCHER_SOURCE)
-    assert done.returncode == 0, done.stdout + done.stderr
+    written = tmp_path / "sshadapter-dispatch.py"  # the launcher, with the dispatcher in it
+    written.write_bytes(policy.dispatcher_source())
+    for path in (DISPATCHER_SOURCE, written):
+        ast.parse(path.read_text(), feature_version=(3, 9))
+        done = _vermin(path)
+        assert done.returncode == 0, done.stdout + done.stderr
     newer = tmp_path / "newer.py"
     newer.write_text("def f(a, b):\n    return list(zip(a, b, strict=True))\n")
     assert _vermin(newer).returncode != 0  # the check can fail
@@ -878,7 +881,8 @@ def test_the_dispatcher_imports_only_the_standard_library_and_nobody_imports_it(
             node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")]
         )
     }
-    assert imported <= sys.stdlib_module_names | {"__future__"}, imported
+    # _sha2 is the builtin sha256 of Python 3.12 and later (this may be an older Python)
+    assert imported <= sys.stdlib_module_names | {"_sha2"}, imported
     assert DISPATCHER_SOURCE.read_text().startswith("#!/usr/bin/python3 -IS\n")
     for path in (ROOT / "sshadapter").rglob("*.py"):
         if path == DISPATCHER_SOURCE:
@@ -1024,6 +1028,65 @@ def test_sshadapter_dispatcher_writes_the_file_0755(tmp_path: Path) -> None:
     target.write_text("old")
     target.chmod(0o600)
     assert cli_main(["dispatcher", "--write", str(target)]) == 0
-    assert target.read_bytes() == DISPATCHER_SOURCE.read_bytes()
+    assert target.read_bytes() == policy.dispatcher_source()
     assert target.stat().st_mode & 0o777 == 0o755
     assert cli_main(["dispatcher", "--write", str(tmp_path / "no" / "dir")]) == 2
+
+
+def _imported(argv: list[str], command: str) -> set[str]:
+    """The modules a fresh ``-X importtime`` process imports (its stderr), after it exits 0."""
+    done = subprocess.run(
+        [sys.executable, "-IS", "-X", "importtime", *argv],
+        env={"PATH": "/usr/bin:/bin", "SSH_ORIGINAL_COMMAND": command},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.decode().splitlines() if "import time:" in line]
+    return {line.rsplit("|", 1)[1].strip() for line in lines[1:]}
+
+
+def test_an_allowed_call_imports_no_json_re_enum_or_os(tmp_path: Path) -> None:
+    """An allowed call and the digest answer import only builtin and C modules (start-up)."""
+    local_policy = write_policy(
+        tmp_path / "p.json", policy.host_policies(shipped_registry())["local"]
+    )
+    bare = _imported(["-c", "pass"], "")
+    run = [str(DISPATCHER_SOURCE), *policy_owner_args(), "--log-socket", str(tmp_path / "log")]
+    for command in ("cat /proc/loadavg", policy.DIGEST_COMMAND):
+        names = _imported([*run, str(local_policy)], command)
+        assert "_json" in names  # the check sees the dispatcher's imports
+        extra = names - bare
+        assert extra <= {"_signal", "_socket", "_stat", "pwd", "_sha256", "_sha2", "_json"}, extra
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(JSON_VALUES)
+@settings(max_examples=300, deadline=None)
+def test_the_c_json_halves_read_and_write_as_json_does(value: Any) -> None:
+    """The dispatcher's canonical JSON and parser, without the json package, agree with json."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    assert dispatcher.canonical_json(value) == text.encode()
+    assert dispatcher.loads(f" {json.dumps(value, indent=1)}\n") == value
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", " ", "[1] x", "[1,]", "NaN", "[Infinity]", '{"a":1,"a":2}', "\ufeff{}", "{'a':1}", "[1"],
+)
+def test_the_dispatcher_refuses_what_is_not_one_json_value(text: str) -> None:
+    """Empty, trailing data, NaN, duplicate keys, a BOM or a cut value are not a policy."""
+    with pytest.raises((ValueError, dispatcher.Refused)):
+        dispatcher.loads(text)

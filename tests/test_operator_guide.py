@@ -334,6 +334,7 @@ def test_the_guide_from_adding_a_host_to_reading_the_audit(walk: Walkthrough) ->
     walk.run("dispatcher")
     walk.run("dispatcher-install")
     assert stat.S_IMODE(os.stat(dispatch).st_mode) == 0o755
+    assert os.path.isfile(f"{dispatch}.compiled")  # --compile: calls skip compiling it
     assert json.loads((walk.work / "ci.policy.json").read_text())["operations"] == {}
 
     # Start it, the way sshadapter.socket and sshadapter.service do.

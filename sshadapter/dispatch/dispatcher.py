@@ -2,8 +2,11 @@
 """sshadapter-dispatch: the forced command on a host, so the adapter's key runs only its operations.
 
 This file runs on the remote host, not in the daemon: Python 3.9 or later, the
-standard library only, one file (``sshadapter dispatcher --write PATH`` writes
-it out). The daemon never imports it. Reference: docs/dispatcher.md.
+standard library only. ``sshadapter dispatcher --write PATH`` writes it out as
+the ``SOURCE`` of sshadapter/dispatch/launcher.py, one file, which runs it from
+code ``PATH --compile`` compiled ahead when that is trusted and current, else
+from this source (write_compiled below writes it). The daemon never imports it.
+Reference: docs/dispatcher.md.
 
 sshd runs it for every session of the adapter's key, through the key's
 ``authorized_keys`` line (one line, cut here)::
@@ -26,39 +29,47 @@ the command's sha256 (never the command) to syslog. ``DIGEST_COMMAND`` is
 answered here, with the policy's digests, for the daemon's drift check.
 """
 
-from __future__ import annotations
-
-# Every call starts this file anew, so its imports are the cost of a call (a benchmark,
-# tests/bench/bench_dispatch.py): the C modules below instead of socket (its enums),
-# hashlib (OpenSSL's start-up) and typing save about 5 ms of ~21 ms.
+# Every call starts this process anew, so its imports are the cost of a call (a benchmark,
+# tests/bench/bench_dispatch.py). An allowed call imports only builtin or C modules: _json's
+# scanner and encoder instead of json (json.decoder imports re, enum, functools), posix and
+# _stat instead of os and stat, _signal instead of signal (its enums), the builtin sha256
+# instead of hashlib (OpenSSL's start-up), no typing and no __future__ (annotations are
+# strings); re only for a parameter with a pattern or a date-time (docs/dispatcher.md
+# "Start-up").
 import _socket
-import importlib
-import json
-import os
+import _stat
+import posix  # os's functions themselves; importing os costs ~1.6 ms under -I -S
 import pwd
-import re
-import signal
-import stat
 import sys
 import time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # what the checker reads for the C modules below: the same functions
+    import signal as _signal
     from collections.abc import Callable, Mapping
+    from hashlib import sha256 as _SHA256
+    from types import ModuleType
     from typing import Any
 
+    _make_scanner: Any
+    _make_encoder: Any
+    _quote_json: Any
+else:
+    import _signal
 
-def _sha256_constructor() -> Any:
-    """The builtin sha256 (_sha256 up to 3.11, _sha2 since 3.12), else hashlib's."""
-    for name in ("_sha256", "_sha2", "hashlib"):
+    try:  # the builtin sha256: _sha256 up to 3.11, _sha2 since 3.12; else hashlib's
+        from _sha256 import sha256 as _SHA256
+    except ImportError:  # pragma: no cover - depends on the host's Python
         try:
-            return importlib.import_module(name).sha256
-        except (ImportError, AttributeError):
-            continue
-    raise ImportError("no sha256")  # pragma: no cover - hashlib always has it
-
-
-_SHA256 = _sha256_constructor()
+            from _sha2 import sha256 as _SHA256
+        except ImportError:
+            from hashlib import sha256 as _SHA256
+    try:  # the C halves of json (every CPython builds them); json itself is the fallback
+        from _json import encode_basestring_ascii as _quote_json
+        from _json import make_encoder as _make_encoder
+        from _json import make_scanner as _make_scanner
+    except ImportError:  # pragma: no cover - depends on the host's Python
+        _make_scanner = _make_encoder = _quote_json = None
 
 
 def sha256_hex(data: bytes) -> str:
@@ -93,9 +104,14 @@ UNSAFE_MODE_BITS = 0o022
 # Reading a directory needs only search permission (O_PATH); O_NONBLOCK: a FIFO put in the
 # policy's place does not hang the call before it is found not to be a regular file.
 _DIRECTORY_FLAGS = (
-    getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    getattr(posix, "O_PATH", posix.O_RDONLY)
+    | posix.O_DIRECTORY
+    | posix.O_NOFOLLOW
+    | posix.O_CLOEXEC
 )
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_FILE_FLAGS = (
+    posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_NONBLOCK | posix.O_NOCTTY | posix.O_CLOEXEC
+)
 # CPU for reading the policy and judging one command: a real call needs ~1 ms; a thief's
 # input that makes a pattern backtrack is cut here and refused (`too_costly`).
 MAX_DECISION_CPU_SECONDS = 0.5
@@ -131,8 +147,11 @@ REASONS = (
 
 # shlex.quote leaves a word of these unquoted (its [\w@%+=:,./-], ASCII).
 _SAFE_BARE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@%+=:,./-")
-# Patterns as text, compiled on first use only (re's cache): a call that needs none pays none.
-_CANONICAL_INTEGER = r"0|-?[1-9][0-9]*"
+# Patterns as text, compiled on first use only (re's cache): a call that needs none pays none
+# (not even the import of re).
+_DIGITS = frozenset("0123456789")
+_ADDRESS = frozenset("0123456789ABCDEFabcdef:.")  # what an IPv4 or IPv6 address is written with
+_JSON_SPACE = " \t\n\r"  # RFC 8259 whitespace, what json.loads skips around the value
 _DATE_TIME = (
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.[0-9]+)?"
     r"(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))"
@@ -174,16 +193,75 @@ class _TooCostly(Exception):
 # The policy ----------------------------------------------------------------------------
 
 
-def canonical_json(value: Any) -> bytes:
-    """The bytes a digest is taken over; the daemon's policy generator uses the same."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+def canonical_json(value: "Any") -> bytes:
+    """The bytes a digest is taken over; the daemon's policy generator uses the same.
+
+    Exactly ``json.dumps(value, sort_keys=True, separators=(",", ":"),
+    ensure_ascii=True)``, through the C encoder json.dumps itself uses, without
+    importing json (tests/test_dispatch.py holds the two equal)."""
+    if _make_encoder is None:  # pragma: no cover - a Python without _json
+        text: str = _json_module().dumps(value, sort_keys=True, separators=(",", ":"))
+        return text.encode()
+    encode = _make_encoder(
+        {}, _not_json, _quote_json, None, ":", ",", True, False, False
+    )  # markers, default, str encoder, indent, separators, sort_keys, skipkeys, allow_nan
+    return "".join(encode(value, 0)).encode()
 
 
-def digest(value: Any) -> str:
+def _not_json(value: "Any") -> "Any":
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+def _no_constant(name: str) -> "Any":
+    raise ValueError(f"{name} is not JSON")  # NaN and Infinity: the generator never writes them
+
+
+class _Scanning:
+    """What _json.make_scanner reads from json.JSONDecoder: strict, duplicates refused."""
+
+    strict = True
+    object_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = staticmethod(_no_constant)
+    memo: "dict[str, str]" = {}  # noqa: RUF012 - read by the pure-Python scanner only
+
+    def __init__(self) -> None:
+        self.object_pairs_hook = _no_duplicates
+
+
+def loads(text: str) -> "Any":
+    """json.loads(text) with duplicate keys, NaN and Infinity refused (ValueError or
+    Refused), through the C scanner json.loads itself uses, without importing json."""
+    if _make_scanner is None:  # pragma: no cover - a Python without _json
+        return _json_module().loads(
+            text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant
+        )
+    start, end = 0, len(text)
+    while start < end and text[start] in _JSON_SPACE:
+        start += 1
+    while end > start and text[end - 1] in _JSON_SPACE:
+        end -= 1
+    try:
+        value, stop = _make_scanner(_Scanning())(text, start)
+    except StopIteration:
+        raise ValueError("no JSON value") from None
+    if stop != end:
+        raise ValueError("extra data after the JSON value")
+    return value
+
+
+def _json_module() -> "ModuleType":
+    import json  # only off the path of an allowed call, or without _json
+
+    return json
+
+
+def digest(value: "Any") -> str:
     return "sha256:" + sha256_hex(canonical_json(value))
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _no_duplicates(pairs: "list[tuple[str, Any]]") -> "dict[str, Any]":
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
@@ -192,11 +270,11 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def read_policy(path: str, owner: int = TRUSTED_OWNER) -> dict[str, Any]:
+def read_policy(path: str, owner: int = TRUSTED_OWNER) -> "dict[str, Any]":
     """The policy at ``path``, checked whole: any doubt refuses every command."""
     raw = read_policy_bytes(path, owner)
     try:
-        policy = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        policy = loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise Refused("policy_invalid") from None
     check_policy(policy)
@@ -217,24 +295,24 @@ def read_policy_bytes(path: str, owner: int = TRUSTED_OWNER) -> bytes:
     if not names or any(name in ("", ".", "..") for name in names):
         raise Refused("policy_unsafe", path=path)  # relative, or not one plain path
     owners = {TRUSTED_OWNER, owner}
-    fd = os.open("/", _DIRECTORY_FLAGS)
+    fd = posix.open("/", _DIRECTORY_FLAGS)
     try:
         _check_owner(fd, owners, "/")
         for depth, name in enumerate(names):
             here = "/" + "/".join(names[: depth + 1])
             last = depth == len(names) - 1
             try:
-                opened = os.open(name, _FILE_FLAGS if last else _DIRECTORY_FLAGS, dir_fd=fd)
+                opened = posix.open(name, _FILE_FLAGS if last else _DIRECTORY_FLAGS, dir_fd=fd)
             except OSError:
                 raise _open_refusal(name, fd, here) from None
-            os.close(fd)
+            posix.close(fd)
             fd = opened
             info = _check_owner(fd, owners, here)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_POLICY_BYTES:
+        if not _stat.S_ISREG(info.st_mode) or info.st_size > MAX_POLICY_BYTES:
             raise Refused("policy_unreadable", path=path)
         chunks, size = [], 0
         while size <= MAX_POLICY_BYTES:  # it may grow while read: the bound holds anyway
-            chunk = os.read(fd, MAX_POLICY_BYTES + 1 - size)
+            chunk = posix.read(fd, MAX_POLICY_BYTES + 1 - size)
             if not chunk:
                 break
             chunks.append(chunk)
@@ -242,29 +320,29 @@ def read_policy_bytes(path: str, owner: int = TRUSTED_OWNER) -> bytes:
     except OSError:
         raise Refused("policy_unreadable", path=path) from None
     finally:
-        os.close(fd)
+        posix.close(fd)
     if size > MAX_POLICY_BYTES:
         raise Refused("policy_unreadable", path=path)
     return b"".join(chunks)
 
 
-def _check_owner(fd: int, owners: set[int], here: str) -> os.stat_result:
-    info = os.fstat(fd)
+def _check_owner(fd: int, owners: "set[int]", here: str) -> "posix.stat_result":
+    info = posix.fstat(fd)
     if info.st_uid not in owners or info.st_mode & UNSAFE_MODE_BITS:
         raise Refused("policy_unsafe", path=here)
     return info
 
 
-def _open_refusal(name: str, directory: int, here: str) -> Refused:
+def _open_refusal(name: str, directory: int, here: str) -> "Refused":
     """Why ``name`` did not open: a symbolic link is unsafe, anything else unreadable."""
     try:
-        link = stat.S_ISLNK(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode)
+        link = _stat.S_ISLNK(posix.stat(name, dir_fd=directory, follow_symlinks=False).st_mode)
     except OSError:
         link = False
     return Refused("policy_unsafe" if link else "policy_unreadable", path=here)
 
 
-def check_policy(policy: Any) -> None:
+def check_policy(policy: "Any") -> None:
     """Refuse a policy with any key, type or digest this dispatcher does not expect."""
     if not isinstance(policy, dict) or set(policy) != {"format", "host", "operations", "digest"}:
         raise Refused("policy_invalid")
@@ -284,7 +362,7 @@ def _param_name(name: str) -> bool:
     return 0 < len(name) <= 63 and name[0] in _PARAM_FIRST and set(name) <= _PARAM_REST
 
 
-def _check_operation(operation: Any) -> None:
+def _check_operation(operation: "Any") -> None:
     if not isinstance(operation, dict) or set(operation) != {"argv", "params"}:
         raise Refused("policy_invalid")
     argv, params = operation["argv"], operation["params"]
@@ -339,7 +417,7 @@ def quote(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
-def split_command(command: str) -> list[str]:
+def split_command(command: str) -> "list[str]":
     """The argv of a command written the daemon's way, or Refused("not_canonical").
 
     The daemon sends ``" ".join(shlex.quote(e) for e in argv)``. This splits
@@ -380,7 +458,7 @@ def split_command(command: str) -> list[str]:
     return argv
 
 
-def decide(raw: bytes | None, policy: Mapping[str, Any]) -> tuple[str, list[str]]:
+def decide(raw: "bytes | None", policy: "Mapping[str, Any]") -> "tuple[str, list[str]]":
     """The operation and argv to run for the client's command, or Refused: runs nothing."""
     if not raw:
         raise Refused("no_command")
@@ -408,7 +486,7 @@ def decide(raw: bytes | None, policy: Mapping[str, Any]) -> tuple[str, list[str]
     raise Refused("no_match")
 
 
-def _fill(template: list[Any], argv: list[str]) -> dict[str, str] | None:
+def _fill(template: "list[Any]", argv: "list[str]") -> "dict[str, str] | None":
     """Each placeholder's text when ``argv`` has the template's shape, else None."""
     if len(template) != len(argv):
         return None
@@ -435,13 +513,27 @@ def _fill(template: list[Any], argv: list[str]) -> dict[str, str] | None:
 # boolean as true/false. Text that the daemon would not have rendered is refused.
 
 
-def _valid(schema: dict[str, Any], text: str) -> bool:
+def _canonical_integer(text: str) -> bool:
+    """0|-?[1-9][0-9]*: the daemon's rendering of an integer, never 05, -0, +5 or 1e3."""
+    digits = text[1:] if text.startswith("-") else text
+    if not digits or not set(digits) <= _DIGITS:
+        return False
+    return digits[0] != "0" or digits == text == "0"
+
+
+def _re() -> "ModuleType":
+    import re  # only for a parameter with a pattern or a date-time format
+
+    return re
+
+
+def _valid(schema: "dict[str, Any]", text: str) -> bool:
     kind = schema["type"]
     value: Any
     if kind == "string":
         value = text
     elif kind == "integer":
-        if len(text) > MAX_INTEGER_DIGITS + 1 or not re.fullmatch(_CANONICAL_INTEGER, text):
+        if len(text) > MAX_INTEGER_DIGITS + 1 or not _canonical_integer(text):
             return False
         value = int(text)
     elif text in ("true", "false"):
@@ -459,21 +551,21 @@ def _valid(schema: dict[str, Any], text: str) -> bool:
     return True
 
 
-def _valid_string(schema: dict[str, Any], value: str) -> bool:
+def _valid_string(schema: "dict[str, Any]", value: str) -> bool:
     if len(value) < schema.get("minLength", 0):
         return False
     if "maxLength" in schema and len(value) > schema["maxLength"]:
         return False
     if "pattern" in schema:
         try:
-            if re.search(schema["pattern"], value) is None:
+            if _re().search(schema["pattern"], value) is None:
                 return False
-        except re.error:
+        except _re().error:
             raise Refused("policy_invalid") from None
     return schema.get("format") != "date-time" or is_date_time(value)
 
 
-def _valid_integer(schema: dict[str, Any], value: int) -> bool:
+def _valid_integer(schema: "dict[str, Any]", value: int) -> bool:
     checks: tuple[tuple[str, Callable[[int, int], bool]], ...] = (
         ("minimum", lambda v, b: v >= b),
         ("maximum", lambda v, b: v <= b),
@@ -484,7 +576,7 @@ def _valid_integer(schema: dict[str, Any], value: int) -> bool:
     return all(key not in schema or test(value, schema[key]) for key, test in checks)
 
 
-def _json_equal(a: Any, b: Any) -> bool:
+def _json_equal(a: "Any", b: "Any") -> bool:
     """JSON equality: true is not 1, and 1 is 1.0."""
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a == b
@@ -495,7 +587,7 @@ def _json_equal(a: Any, b: Any) -> bool:
 
 def is_date_time(text: str) -> bool:
     """RFC 3339 date-time, as the daemon's ``format: date-time`` (contract/rfc3339.py)."""
-    match = re.fullmatch(_DATE_TIME, text)
+    match = _re().fullmatch(_DATE_TIME, text)
     if match is None:
         return False
     year, month, day, hour, minute, second = (int(match.group(i)) for i in range(1, 7))
@@ -516,7 +608,7 @@ def is_date_time(text: str) -> bool:
 # Running it ----------------------------------------------------------------------------
 
 
-def digest_answer(policy: Mapping[str, Any]) -> bytes:
+def digest_answer(policy: "Mapping[str, Any]") -> bytes:
     """What DIGEST_COMMAND prints: the whole policy's digest and each operation's."""
     answer = {
         "dispatcher": VERSION,
@@ -532,7 +624,7 @@ def log(message: str, priority: int, socket_path: str) -> None:
     """One syslog datagram (RFC 3164, like glibc's syslog(3)); lost when nobody listens,
     or when the syslog's queue stays full for LOG_SEND_TIMEOUT_SECONDS."""
     stamp = time.strftime("%b %d %H:%M:%S", time.localtime())
-    line = f"<{LOG_FACILITY_AUTHPRIV * 8 + priority}>{stamp} {TAG}[{os.getpid()}]: {message}"
+    line = f"<{LOG_FACILITY_AUTHPRIV * 8 + priority}>{stamp} {TAG}[{posix.getpid()}]: {message}"
     try:
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
         try:
@@ -546,39 +638,54 @@ def log(message: str, priority: int, socket_path: str) -> None:
 
 def _client() -> str:
     """The client address sshd reports, if it looks like one (it is logged)."""
-    address = os.environ.get("SSH_CONNECTION", "").split(" ")[0]
-    return address if re.fullmatch(r"[0-9A-Fa-f:.]{1,45}", address) else "-"
+    address = posix.environ.get(b"SSH_CONNECTION", b"").decode("ascii", "replace").split(" ")[0]
+    return address if 0 < len(address) <= 45 and set(address) <= _ADDRESS else "-"
 
 
-def _environment() -> dict[bytes, bytes]:
+def _environment() -> "dict[bytes, bytes]":
     try:
-        account = pwd.getpwuid(os.getuid())
+        account = pwd.getpwuid(posix.getuid())
         home, name = account.pw_dir, account.pw_name
     except KeyError:  # not in the account database: what sshd set, which came from it
-        home, name = os.environ.get("HOME", "/"), os.environ.get("USER", "")
+        home = _fsdecode(posix.environ.get(b"HOME", b"/"))
+        name = _fsdecode(posix.environ.get(b"USER", b""))
     values = {"PATH": FIXED_PATH, "HOME": home, "USER": name, "LOGNAME": name}
-    return {os.fsencode(key): os.fsencode(values[key]) for key in ENVIRONMENT}
+    return {_fsencode(key): _fsencode(values[key]) for key in ENVIRONMENT}
 
 
-def _resolve(program: str) -> str | None:
+def _fsencode(text: str) -> bytes:
+    """os.fsencode."""
+    return text.encode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
+
+
+def _fsdecode(data: bytes) -> str:
+    """os.fsdecode."""
+    return data.decode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
+
+
+def _resolve(program: str) -> "str | None":
     if "/" in program:
         return program
     for directory in FIXED_PATH.split(":"):
-        candidate = os.path.join(directory, program)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+        candidate = directory + "/" + program
+        try:
+            regular = _stat.S_ISREG(posix.stat(candidate).st_mode)
+        except (OSError, ValueError):
+            continue
+        if regular and posix.access(candidate, posix.X_OK):
             return candidate
     return None
 
 
 def _refuse(
-    reason: str, raw: bytes | None, log_socket: str, operation: str = "", path: str = ""
+    reason: str, raw: "bytes | None", log_socket: str, operation: str = "", path: str = ""
 ) -> int:
     """Log, then say so on stderr (a client that hung up must not cost the log line).
 
     The log names the policy file or directory at fault; the client is never told it."""
     command_sha = sha256_hex(raw or b"")
     about = f" operation={operation}" if operation else ""
-    about += f" path={json.dumps(path)}" if path else ""
+    about += f" path={canonical_json(path).decode()}" if path else ""
     log(
         f"refused reason={reason}{about} command_sha256={command_sha} "
         f"command_bytes={len(raw or b'')} client={_client()}",
@@ -593,11 +700,11 @@ def _refuse(
     return REFUSED_STATUS
 
 
-def _on_cpu_budget(signum: int, frame: Any) -> None:
+def _on_cpu_budget(signum: int, frame: "Any") -> None:
     raise _TooCostly
 
 
-def _options(args: list[str]) -> tuple[dict[str, str], list[str]]:
+def _options(args: "list[str]") -> "tuple[dict[str, str], list[str]]":
     """The forced command's ``--name VALUE`` options (each at most once) and the rest.
 
     Only sshd's ``command=`` sets them: never the environment, which a client
@@ -614,17 +721,17 @@ def _options(args: list[str]) -> tuple[dict[str, str], list[str]]:
 _OPTIONS = ("--log-socket", "--policy-owner")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: "list[str] | None" = None) -> int:
     options, args = _options(sys.argv[1:] if argv is None else argv)
     log_socket = options.get("--log-socket", DEFAULT_LOG_SOCKET)
-    raw = os.environb.get(b"SSH_ORIGINAL_COMMAND")
-    signal.signal(signal.SIGPROF, _on_cpu_budget)
+    raw = posix.environ.get(b"SSH_ORIGINAL_COMMAND")
+    _signal.signal(_signal.SIGPROF, _on_cpu_budget)
     try:
-        signal.setitimer(signal.ITIMER_PROF, MAX_DECISION_CPU_SECONDS)
+        _signal.setitimer(_signal.ITIMER_PROF, MAX_DECISION_CPU_SECONDS)
         try:
             operation, command, policy = _judge(options, args, raw)
         finally:
-            signal.setitimer(signal.ITIMER_PROF, 0)
+            _signal.setitimer(_signal.ITIMER_PROF, 0)
     except Refused as exc:
         return _refuse(exc.reason, raw, log_socket, exc.operation, exc.path)
     except _TooCostly:
@@ -636,13 +743,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _judge(
-    options: Mapping[str, str], args: list[str], raw: bytes | None
-) -> tuple[str, list[str], dict[str, Any]]:
+    options: "Mapping[str, str]", args: "list[str]", raw: "bytes | None"
+) -> "tuple[str, list[str], dict[str, Any]]":
     """(operation, argv, policy) to run; an empty argv answers DIGEST_COMMAND. Or Refused."""
     owner = options.get("--policy-owner", str(TRUSTED_OWNER))
     if len(args) != 1 or not owner.isdigit() or not owner.isascii():
         raise Refused("bad_invocation")
-    if any(os.isatty(fd) for fd in (0, 1, 2)):
+    if any(posix.isatty(fd) for fd in (0, 1, 2)):
         raise Refused("terminal")
     policy = read_policy(args[0], int(owner))
     if raw == DIGEST_COMMAND.encode():
@@ -651,7 +758,7 @@ def _judge(
     return operation, command, policy
 
 
-def run(operation: str, command: list[str], raw: bytes, log_socket: str) -> int:
+def run(operation: str, command: "list[str]", raw: bytes, log_socket: str) -> int:
     """execv the argv: no shell, a fixed environment, stdin on /dev/null. Returns only on error."""
     path = _resolve(command[0])
     if path is None:
@@ -662,20 +769,57 @@ def run(operation: str, command: list[str], raw: bytes, log_socket: str) -> int:
         LOG_INFO,
         log_socket,
     )
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
+    null = posix.open("/dev/null", posix.O_RDONLY)
+    posix.dup2(null, 0)
+    posix.close(null)
     # Python ignores SIGPIPE and SIGXFSZ; an ignored signal stays ignored across exec.
     for name in ("SIGPIPE", "SIGXFSZ", "SIGPROF"):
-        signal.signal(getattr(signal, name), signal.SIG_DFL)
+        _signal.signal(getattr(_signal, name), _signal.SIG_DFL)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        # The point of the dispatcher: the argv itself, no shell (S606).
-        os.execve(path, [e.encode("utf-8") for e in command], _environment())  # noqa: S606
+        # The point of the dispatcher: the argv itself, no shell.
+        posix.execve(path, [e.encode("utf-8") for e in command], _environment())
     except OSError as exc:
         sys.stderr.write(f"{TAG}: {command[0]}: {exc.strerror}\n")
         return NOT_FOUND_STATUS if isinstance(exc, FileNotFoundError) else CANNOT_EXECUTE_STATUS
+
+
+# The compiled file (sshadapter/dispatch/launcher.py, docs/dispatcher.md "Start-up") ----
+
+
+def write_compiled(target: str, data: bytes, compiled: "Callable[..., Any]", source: str) -> int:
+    """``sshadapter-dispatch --compile``: write ``data`` to ``target`` atomically, 0644, and
+    say whether calls will use it (``compiled``, the launcher's own check, with the owners
+    the forced command allows by default and the one who compiled it)."""
+    script = target[: -len(".compiled")]
+    if not target.startswith("/"):  # a call finds it by the forced command's absolute path
+        sys.stderr.write(f"{TAG}: {script}: run --compile by the file's absolute path\n")
+        return CANNOT_EXECUTE_STATUS
+    temporary = f"{target}.{posix.getpid()}.tmp"
+    flags = posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_NOFOLLOW | posix.O_CLOEXEC
+    try:
+        fd = posix.open(temporary, flags, 0o644)
+        try:
+            posix.fchmod(fd, 0o644)  # whatever the umask
+            view = memoryview(data)
+            while view:
+                view = view[posix.write(fd, view) :]
+            posix.fsync(fd)
+        finally:
+            posix.close(fd)
+        posix.rename(temporary, target)
+    except OSError as exc:
+        sys.stderr.write(f"{TAG}: {target}: {exc.strerror}\n")
+        return CANNOT_EXECUTE_STATUS
+    if compiled(script, source, {TRUSTED_OWNER, posix.geteuid()}) is None:
+        sys.stderr.write(
+            f"{TAG}: {target}: written, but calls will not use it: it and every directory "
+            "above it must be root's and writable by nobody else, as the policy\n"
+        )
+        return CANNOT_EXECUTE_STATUS
+    sys.stderr.write(f"{TAG}: {target}: compiled for {sys.implementation.cache_tag}\n")
+    return 0
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 POLICY_FORMAT: Final = "sshadapter-dispatch-policy/1"
 DIGEST_COMMAND: Final = "#sshadapter-policy-digest"  # shlex.quote never leaves "#" bare
 DISPATCHER_FILE: Final = "dispatcher.py"  # in this package; written out as sshadapter-dispatch
+LAUNCHER_FILE: Final = "launcher.py"  # the written file's start: runs the dispatcher compiled
+_SOURCE_SLOT: Final = 'SOURCE = ""\n'  # where the launcher holds the dispatcher's source
 # jsonschema-rs compares an integer with a float bound through a double: beyond 2**53 the two
 # validators could disagree, so the policy's bounds stop there (the dispatcher is stricter).
 MAX_EXACT_INTEGER: Final = 2**53
@@ -62,10 +64,20 @@ def digest(value: Any) -> str:
 
 
 def dispatcher_source() -> bytes:
-    """The host's dispatcher file, as `sshadapter dispatcher --write` writes it."""
+    """The host's dispatcher file, as `sshadapter dispatcher --write` writes it: the
+    launcher, with the dispatcher's source as its ``SOURCE`` (docs/dispatcher.md "Start-up")."""
+    import ast
     from importlib.resources import files
 
-    return files("sshadapter.dispatch").joinpath(DISPATCHER_FILE).read_bytes()
+    package = files("sshadapter.dispatch")
+    launcher = package.joinpath(LAUNCHER_FILE).read_text(encoding="utf-8")
+    source = package.joinpath(DISPATCHER_FILE).read_text(encoding="utf-8")
+    # A triple-quoted literal that still reads as the source: backslashes doubled, and a
+    # quote escaped wherever another follows it, so no three in a row close the literal.
+    literal = '"""' + re.sub(r'"(?=")', r'\\"', source.replace("\\", "\\\\")) + '"""'
+    if ast.literal_eval(literal) != source or launcher.count(_SOURCE_SLOT) != 1:
+        raise RuntimeError("the dispatcher's source does not fit the launcher")  # a build defect
+    return launcher.replace(_SOURCE_SLOT, f"SOURCE = {literal}\n").encode("utf-8")
 
 
 def dispatch_hosts(config: Config) -> frozenset[str]:
