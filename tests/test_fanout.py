@@ -652,8 +652,7 @@ def test_a_malformed_targets_request_is_a_closed_refusal(tmp_path: Path, line: b
 def test_a_fan_out_runs_at_most_its_concurrency_of_hosts_at_once(
     tmp_path: Path, concurrency: int, peak: int
 ) -> None:
-    """[fanout] concurrency below the host count bounds the hosts in flight; at or above it,
-    every host runs at once (within the daemon's 16 fan-out slots)."""
+    """[fanout] concurrency below the host count bounds hosts in flight, else all run at once."""
     commands, schemas = operator_files(
         tmp_path,
         ("fleet_state", command_file(**{"[fanout]": f"[fanout]\nconcurrency = {concurrency}"})),

@@ -42,5 +42,5 @@ def skip_disabled_log_calls() -> bool:
     for wrapper in (checked_log, checked_log_packet):
         setattr(wrapper, _MARK, True)
     ssh_logging.SSHLogger.log = checked_log  # type: ignore[method-assign]
-    ssh_packet.SSHPacketLogger._log_packet = checked_log_packet  # type: ignore[method-assign]
+    ssh_packet.SSHPacketLogger._log_packet = checked_log_packet  # type: ignore[method-assign,assignment]
     return True
