@@ -5,8 +5,9 @@ asyncssh formats every log call's arguments before asking whether the level is e
 whether packet logging (debug level 3) is on (``SSHPacketLogger._log_packet``). The
 daemon keeps asyncssh at WARNING (daemon/logs.py), so a fan-out host paid ~5 INFO, ~6
 DEBUG and ~11 packet log calls that wrote nothing: ~10 µs of CPU per host (1.3 µs an
-INFO call, 0.5 µs a packet, timed), ~1% of a warm fan-out host. ``skip_disabled_log_calls`` puts the check first, in both; an
-enabled level or debug level 3 logs exactly what asyncssh logged before.
+INFO call, 0.5 µs a packet, timed), ~1% of a warm fan-out host.
+``skip_disabled_log_calls`` puts the check first, in both; an enabled level or debug
+level 3 logs exactly what asyncssh logged before.
 """
 
 from __future__ import annotations
