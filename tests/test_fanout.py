@@ -558,13 +558,24 @@ def test_a_drifted_host_fails_alone_and_is_not_sent_the_command(tmp_path: Path) 
         assert state.result == "drift"
         seen["answer"] = await d.ask(run_on("fleet"))
         seen["records"] = d.audit_records()
+        seen["second"] = await d.ask(run_on("fleet"))
+        registry = d.service.metrics.registry
+        seen["counted"] = {
+            (outcome, code): registry.get_sample_value(
+                "sshadapter_fanout_hosts_total",
+                {"tool": "fleet_state", "outcome": outcome, "code": code},
+            )
+            for outcome, code in (("success", ""), ("failure", "UPSTREAM_UNAVAILABLE"))
+        }
 
     on_fleet(tmp_path, body, runner, hosts, commands, schemas)
     data = seen["answer"]["data"]
     assert (data["succeeded"], data["failed"]) == (2, 1)
+    assert seen["second"]["data"]["failed"] == 1
+    assert seen["counted"] == {("success", ""): 4, ("failure", "UPSTREAM_UNAVAILABLE"): 2}
     assert data["results"][0]["host"] == "web001"
     assert data["results"][0]["error"] == {"code": "UPSTREAM_UNAVAILABLE", "retryable": False}
-    assert runner.calls.count("echo state up") == 2
+    assert runner.calls.count("echo state up") == 4  # 2 hosts, 2 calls: never to web001
     rows = {row["host"]: row["reason"] for row in seen["records"][-1]["host_results"]}
     assert rows["web001"] == "policy_drift"
 
@@ -635,3 +646,33 @@ def test_a_malformed_targets_request_is_a_closed_refusal(tmp_path: Path, line: b
     (answer,) = seen
     assert set(answer) == {"tool", "request_id", "outcome", "error"}
     assert answer["error"] == {"code": "INVALID_REQUEST", "retryable": False}
+
+
+@pytest.mark.parametrize(("concurrency", "peak"), [(3, 3), (16, 10)])
+def test_a_fan_out_runs_at_most_its_concurrency_of_hosts_at_once(
+    tmp_path: Path, concurrency: int, peak: int
+) -> None:
+    """[fanout] concurrency below the host count bounds hosts in flight, else all run at once."""
+    commands, schemas = operator_files(
+        tmp_path,
+        ("fleet_state", command_file(**{"[fanout]": f"[fanout]\nconcurrency = {concurrency}"})),
+    )
+    hosts, _ = scripted_fleet(10)
+    in_flight = {"now": 0, "peak": 0}
+
+    async def answer() -> RunResult:
+        in_flight["now"] += 1
+        in_flight["peak"] = max(in_flight["peak"], in_flight["now"])
+        await asyncio.sleep(0.02)
+        in_flight["now"] -= 1
+        return RunResult(b"state up\n", b"", 0)
+
+    seen: dict[str, Any] = {}
+
+    async def body(d: Running) -> None:
+        seen["answer"] = await d.ask(run_on("fleet"))
+
+    runner = ScriptedRunner({"echo state up": answer})
+    on_fleet(tmp_path, body, runner, hosts, commands, schemas)
+    assert seen["answer"]["data"]["succeeded"] == 10
+    assert in_flight["peak"] == peak

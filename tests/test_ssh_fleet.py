@@ -277,3 +277,17 @@ def test_the_soft_open_files_limit_is_raised_to_the_hard_one() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, env=os.environ, check=True
     )
     assert done.stdout == "True\n", done.stderr
+
+
+def test_the_young_generation_waits_for_gc_young_threshold_allocations() -> None:
+    """The daemon's helper sets the collector's first threshold and keeps the other two."""
+    script = (
+        "import gc\n"
+        "from sshadapter.daemon.assemble import GC_YOUNG_THRESHOLD, tune_garbage_collector\n"
+        "gc.set_threshold(700, 11, 12)\n"
+        "print(tune_garbage_collector() == (GC_YOUNG_THRESHOLD, 11, 12) == gc.get_threshold())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=os.environ, check=True
+    )
+    assert done.stdout == "True\n", done.stderr

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import contextlib
 import hashlib
 import logging
@@ -438,7 +439,13 @@ class Service:
         if call.approval is not None:
             call.approval.check(call.command)  # what runs is what was approved
         await self.audit.append(call.intent())  # 4: durable before the first exec
-        mine = asyncio.Semaphore(fanout.concurrency)
+        # The call's own bound, where it can bind: with no more hosts than it, each host
+        # would take a permit at once, and the daemon's slots (below) still bound them all.
+        mine: contextlib.AbstractAsyncContextManager[Any] = (
+            asyncio.Semaphore(fanout.concurrency)
+            if len(call.hosts) > fanout.concurrency
+            else contextlib.nullcontext()
+        )
         # One host is a single call, wherever it was named: it takes no fan-out slot, so it
         # never waits behind a fan-out holding them all (its call slot bounds it already).
         slot = self.fanout_hosts if len(call.hosts) > 1 else contextlib.nullcontext()
@@ -481,12 +488,13 @@ class Service:
         """The fan-out answer from each host's sealed envelope, checked as a whole."""
         op = call.op
         entries = []
+        counts: collections.Counter[tuple[str, str]] = collections.Counter()
         for run in call.runs.values():
             assert run.verdict is not None and run.verdict.sealed is not None
             entries.append(envelope.host_entry(run.host, orjson.loads(run.verdict.sealed.line)))
-            self.metrics.fanout_hosts.labels(
-                op.name, run.verdict.sealed.outcome, run.verdict.sealed.code or ""
-            ).inc()
+            counts[run.verdict.sealed.outcome, run.verdict.sealed.code or ""] += 1
+        for (outcome, code), hosts in counts.items():  # one series update per kind of answer
+            self.metrics.fanout_hosts.labels(op.name, outcome, code).inc(hosts)
         data = envelope.fanout_data(call.target, entries, op.spec.fanout.max_results)
         answer = envelope.success(op.name, call.request_id, data)
         if not op.envelope_guard.is_valid(answer):

@@ -83,6 +83,8 @@ STARTUP_TARGET_SECONDS: Final = 1.0  # start-up to ready, 1,000 hosts
 STARTUP_FLAT_TARGET: Final = 1.5  # 1,000 hosts / 100 hosts: "flat in N"
 RSS_TARGET_MB: Final = 250.0  # 1,000 hosts connected
 LOADED_P50_TARGET: Final = 3.0  # single call p50 during a 512-host fan-out / idle
+THROUGHPUT_TARGET: Final = 800.0  # issue 22: warm fan-out hosts/s over 512 connected hosts
+THROUGHPUT_N: Final = 512  # the throughput row's N
 TARGET_N: Final = 128  # the ratio rows' N
 LOADED_N: Final = 512  # the loaded-p50 row's N
 
@@ -104,6 +106,7 @@ class SizeResult:
     daemon_rss_mb: float = float("nan")
     daemon_fds: int = 0
     answer_bytes: int = 0
+    warm_cpu_per_host: float = float("nan")  # daemon CPU seconds per host over warm fan-outs
 
 
 # Raw asyncssh --------------------------------------------------------------------------
@@ -298,7 +301,11 @@ async def measure_sshadapter(fleet: Fleet, work: Path, result: SizeResult) -> Ss
     side = await start_sshadapter(fleet, work)
     cold, _ = await sshadapter_fanout(side, n, warm=False)
     result.rows["sshadapter cold"] = cold
+    cpu_before = side.daemon.cpu()
     warm = [await sshadapter_fanout(side, n, warm=True) for _ in range(WARM_ROUNDS)]
+    answered = sum(t.ok for t, _ in warm)
+    if answered:  # utime + stime of the daemon's process tree, per host that answered
+        result.warm_cpu_per_host = (side.daemon.cpu() - cpu_before) / answered
     result.rows["sshadapter warm"] = median_timing([t for t, _ in warm])
     result.answer_bytes = warm[-1][1]
     result.daemon_rss_mb = proc_status(side.daemon.pid, "VmRSS") / 1e6
@@ -578,7 +585,8 @@ def report(results: list[SizeResult], startup: dict[int, tuple[float, float]]) -
         extra = f"; {'; '.join(notes)}" if notes else ""
         print(
             f"  N = {r.n}: daemon RSS {r.daemon_rss_mb:.1f} MB, {r.daemon_fds} fds, "
-            f"answers {r.answer_bytes} bytes{extra}"
+            f"answers {r.answer_bytes} bytes, daemon CPU {r.warm_cpu_per_host * 1000:.3f} "
+            f"ms per warm fan-out host{extra}"
         )
     print("\n  ratios in this run (N: sshadapter warm / raw warm, Ansible warm / sshadapter warm,")
     print("  sshadapter cold / raw cold)")
@@ -593,7 +601,7 @@ def report(results: list[SizeResult], startup: dict[int, tuple[float, float]]) -
     at = next((r for r in results if r.n == TARGET_N), None)
     loaded = next((r for r in results if "single call loaded p50" in r.rows), None)
     largest = max(results, key=lambda r: r.n) if results else None
-    print("\nIssue 19 targets (one fan-out call)")
+    print("\nIssue 19 and 22 targets (one fan-out call)")
     rows: list[tuple[str, float, str, float, str]] = []
     if at is not None:
         rows += [
@@ -667,6 +675,9 @@ def report(results: list[SizeResult], startup: dict[int, tuple[float, float]]) -
                 + ("" if loaded.n == LOADED_N else f"; the target is at N={LOADED_N}"),
             )
         )
+    throughput = throughput_row(largest)
+    if throughput is not None:
+        rows.append(throughput)
     if loaded is not None and "raw exec loaded p50" in loaded.rows:
         raw_idle, raw_busy = loaded.rows["raw exec idle p50"], loaded.rows["raw exec loaded p50"]
         print(
@@ -686,6 +697,33 @@ def report(results: list[SizeResult], startup: dict[int, tuple[float, float]]) -
             f"(bounded by [fanout] max_results: here every host, at most {FANOUT_MAX_RESULTS}; "
             "the default of 100 entries is about 16 KB)"
         )
+
+
+def throughput_row(largest: SizeResult | None) -> tuple[str, float, str, float, str] | None:
+    """Issue 22's row: warm hosts/s at the largest N, beside the daemon's CPU per host and the
+    hosts/s that CPU allows the daemon alone on one core (is the daemon or the machine the
+    limit?). None, said so, when N = THROUGHPUT_N was not run."""
+    if largest is None:
+        return None
+    warm = largest.rows.get("sshadapter warm", Timing())
+    hosts_per_second = warm.ok / warm.seconds if warm.ok else float("nan")
+    cpu = largest.warm_cpu_per_host
+    detail = (
+        f"N={largest.n}: {warm.ok} hosts in {fmt(warm.seconds)} s; daemon CPU "
+        f"{cpu * 1000:.3f} ms/host (utime+stime over the warm fan-outs) = at most "
+        f"{1 / cpu if cpu > 0 else float('nan'):.0f} hosts/s for the daemon alone on one core"
+    )
+    if largest.n != THROUGHPUT_N:
+        print(f"  (no run at N = {THROUGHPUT_N}: the throughput row needs it)")
+        print(f"  info  warm fan-out throughput {hosts_per_second:.0f} hosts/s, {detail}")
+        return None
+    return (
+        f"warm fan-out throughput, {THROUGHPUT_N} connected hosts, hosts/s",
+        hosts_per_second,
+        ">=",
+        THROUGHPUT_TARGET,
+        detail,
+    )
 
 
 def ratio(r: SizeResult, top: str, bottom: str) -> float:

@@ -23,6 +23,7 @@ from sshadapter.config import HostSection
 from sshadapter.errors import ConfigError
 from sshadapter.runners.ssh.certificates import pin_host_principal, validity
 from sshadapter.runners.ssh.coalesce import coalesce_writes
+from sshadapter.runners.ssh.ignore_packets import skip_ignore_packets
 from sshadapter.runners.ssh.translate import KeyLoadError, KnownHostsError, describe
 
 KEEPALIVE_COUNT_MAX: Final = 3  # unanswered keepalives before a connection is declared dead
@@ -103,6 +104,7 @@ class _Client(asyncssh.SSHClient):
         self._conn = conn
         pin_host_principal(conn, self._principal)  # before the version exchange and kex
         coalesce_writes(conn)  # one send() per loop turn from here on
+        skip_ignore_packets(conn)  # no CBC countermeasure under AES-GCM
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._conn is not None:

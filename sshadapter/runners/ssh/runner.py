@@ -49,6 +49,7 @@ from sshadapter.runners.interface import RunResult
 from sshadapter.runners.ssh.file_cache import FileCache
 from sshadapter.runners.ssh.fleet import Fleet
 from sshadapter.runners.ssh.pool import Pool
+from sshadapter.runners.ssh.quiet_logging import skip_disabled_log_calls
 from sshadapter.runners.ssh.session import Session
 from sshadapter.runners.ssh.translate import translate
 
@@ -81,6 +82,7 @@ class SshRunner:
         jump host (some host's ``via``) drops without the pool closing it.
 
         Every ``via`` must name a host of ``hosts`` (load_inventory checked the chains)."""
+        skip_disabled_log_calls()  # once per process: asyncssh's disabled logs cost nothing
         if credentials_dir is None and os.environ.get("CREDENTIALS_DIRECTORY"):
             credentials_dir = Path(os.environ["CREDENTIALS_DIRECTORY"])
         self._fleet = Fleet(
