@@ -266,3 +266,18 @@ def policy_without(document: Mapping[str, Any], *names: str) -> dict[str, Any]:
         "operations": {k: v for k, v in document["operations"].items() if k not in names},
     }
     return {**body, "digest": policy.digest(body)}
+
+
+def modules_imported(argv: list[str], command: str) -> set[str]:
+    """The modules a fresh ``-X importtime`` process imports (its stderr), after it exits 0."""
+    done = subprocess.run(
+        [sys.executable, "-IS", "-X", "importtime", *argv],
+        env={"PATH": "/usr/bin:/bin", "SSH_ORIGINAL_COMMAND": command},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.decode().splitlines() if "import time:" in line]
+    return {line.rsplit("|", 1)[1].strip() for line in lines[1:]}

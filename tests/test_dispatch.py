@@ -29,6 +29,7 @@ from dispatch_support import (
     REFUSAL,
     ROOT,
     daemon_would_send,
+    modules_imported,
     policy_for,
     read_log,
     run_dispatcher,
@@ -1033,30 +1034,15 @@ def test_sshadapter_dispatcher_writes_the_file_0755(tmp_path: Path) -> None:
     assert cli_main(["dispatcher", "--write", str(tmp_path / "no" / "dir")]) == 2
 
 
-def _imported(argv: list[str], command: str) -> set[str]:
-    """The modules a fresh ``-X importtime`` process imports (its stderr), after it exits 0."""
-    done = subprocess.run(
-        [sys.executable, "-IS", "-X", "importtime", *argv],
-        env={"PATH": "/usr/bin:/bin", "SSH_ORIGINAL_COMMAND": command},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    lines = [line for line in done.stderr.decode().splitlines() if "import time:" in line]
-    return {line.rsplit("|", 1)[1].strip() for line in lines[1:]}
-
-
 def test_an_allowed_call_imports_no_json_re_enum_or_os(tmp_path: Path) -> None:
     """An allowed call and the digest answer import only builtin and C modules (start-up)."""
     local_policy = write_policy(
         tmp_path / "p.json", policy.host_policies(shipped_registry())["local"]
     )
-    bare = _imported(["-c", "pass"], "")
+    bare = modules_imported(["-c", "pass"], "")
     run = [str(DISPATCHER_SOURCE), *policy_owner_args(), "--log-socket", str(tmp_path / "log")]
     for command in ("cat /proc/loadavg", policy.DIGEST_COMMAND):
-        names = _imported([*run, str(local_policy)], command)
+        names = modules_imported([*run, str(local_policy)], command)
         assert "_json" in names  # the check sees the dispatcher's imports
         extra = names - bare
         assert extra <= {"_signal", "_socket", "_stat", "pwd", "_sha256", "_sha2", "_json"}, extra

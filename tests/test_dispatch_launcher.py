@@ -22,6 +22,7 @@ from dispatch_support import (
     DISPATCHER_SOURCE,
     host_python,
     install_dispatcher,
+    modules_imported,
     shipped_registry,
     write_policy,
 )
@@ -231,28 +232,15 @@ def test_the_compiled_allowed_path_imports_only_builtin_and_c_modules(
 ) -> None:
     """Through the written, compiled file an allowed call adds only _json, _socket and builtins."""
 
-    def imported(argv: list[str], command: str) -> set[str]:
-        done = subprocess.run(
-            [sys.executable, "-IS", "-X", "importtime", *argv],
-            env={"PATH": "/usr/bin:/bin", "SSH_ORIGINAL_COMMAND": command},
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        lines = [line for line in done.stderr.decode().splitlines() if "import time:" in line]
-        return {line.rsplit("|", 1)[1].strip() for line in lines[1:]}
-
     dispatch = host / "sshadapter-dispatch"
     dispatch.write_bytes(policy.dispatcher_source())
     compiled = subprocess.run(
         [sys.executable, "-IS", str(dispatch), "--compile"], capture_output=True, check=False
     )
     assert compiled.returncode == 0, compiled.stderr
-    bare = imported(["-c", "pass"], "")
+    bare = modules_imported(["-c", "pass"], "")
     run = [str(dispatch), *policy_owner_args(), "--log-socket", str(host / "log")]
-    names = imported([*run, str(local_policy)], "cat /proc/loadavg")
+    names = modules_imported([*run, str(local_policy)], "cat /proc/loadavg")
     assert "_json" in names
     extra = names - bare
     allowed = {"_signal", "_socket", "_stat", "pwd", "_sha256", "_sha2", "_json", "marshal"}

@@ -211,8 +211,13 @@ def write_sshadapter_files(fleet: Fleet, work: Path) -> tuple[Path, tuple[str, .
     return config, (FANOUT_TOOL, "load_average_one")
 
 
+FANOUT_HOSTS: int | None = None
+"""`--fanout-hosts`: the daemon's `max_fanout_hosts_in_flight` (None: the shipped default)."""
+
+
 def daemon_config(work: Path, aliases: tuple[str, ...]) -> str:
     """[server], [paths], [audit], [metrics] for a bench daemon in ``work``."""
+    in_flight = "" if FANOUT_HOSTS is None else f"max_fanout_hosts_in_flight = {FANOUT_HOSTS}\n"
     return f"""\
 [server]
 socket_path = "{work / "d.sock"}"
@@ -220,7 +225,7 @@ socket_mode = "0600"
 allow = {{ uids = [{os.getuid()}] }}
 max_queue = {len(aliases) + 64}
 max_connections = {len(aliases) + 64}
-
+{in_flight}
 [paths]
 commands = "commands"
 schemas = "{ROOT / "schemas"}"
@@ -734,8 +739,12 @@ def ratio(r: SizeResult, top: str, bottom: str) -> float:
 
 
 async def main(args: argparse.Namespace) -> None:
+    global FANOUT_HOSTS
+    FANOUT_HOSTS = args.fanout_hosts
     sizes = (32,) if args.quick else tuple(int(s) for s in args.sizes.split(","))
     print(machine())
+    if FANOUT_HOSTS is not None:
+        print(f"daemon: max_fanout_hosts_in_flight = {FANOUT_HOSTS}")
     ansible = None if args.no_ansible else ansible_binary(args.ansible)
     if ansible is not None:
         print(
@@ -777,5 +786,10 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="N = 32 only, no start-up rows")
     parser.add_argument("--no-ansible", action="store_true", help="leave Ansible out")
     parser.add_argument("--ansible", help="an ansible binary to use instead of the cached venv")
+    parser.add_argument(
+        "--fanout-hosts",
+        type=int,
+        help="the daemon's max_fanout_hosts_in_flight (default: the shipped default)",
+    )
     asyncio.run(main(parser.parse_args()))
     sys.exit(0)
