@@ -54,7 +54,7 @@ import asyncssh
 import orjson
 from daemon_patches import SERVE
 from fleet_sshd import Fleet, running_fleet
-from harness import ROOT, AgentConn, Daemon, loadavg, machine, proc_status
+from harness import ROOT, AgentConn, Daemon, loadavg, machine, proc_cpu, proc_status
 
 COMMAND: Final = "cat /proc/loadavg"
 DEFAULT_SIZES: Final = (32, 128, 512)
@@ -107,6 +107,7 @@ class SizeResult:
     daemon_fds: int = 0
     answer_bytes: int = 0
     warm_cpu_per_host: float = float("nan")  # daemon CPU seconds per host over warm fan-outs
+    warm_sshd_cpu_per_host: float = float("nan")  # the fleet's sshd trees' CPU, the same way
 
 
 # Raw asyncssh --------------------------------------------------------------------------
@@ -306,11 +307,13 @@ async def measure_sshadapter(fleet: Fleet, work: Path, result: SizeResult) -> Ss
     side = await start_sshadapter(fleet, work)
     cold, _ = await sshadapter_fanout(side, n, warm=False)
     result.rows["sshadapter cold"] = cold
-    cpu_before = side.daemon.cpu()
+    cpu_before, sshd_before = side.daemon.cpu(), fleet_sshd_cpu(fleet)
     warm = [await sshadapter_fanout(side, n, warm=True) for _ in range(WARM_ROUNDS)]
+    cpu_after, sshd_after = side.daemon.cpu(), fleet_sshd_cpu(fleet)
     answered = sum(t.ok for t, _ in warm)
     if answered:  # utime + stime of the daemon's process tree, per host that answered
-        result.warm_cpu_per_host = (side.daemon.cpu() - cpu_before) / answered
+        result.warm_cpu_per_host = (cpu_after - cpu_before) / answered
+        result.warm_sshd_cpu_per_host = (sshd_after - sshd_before) / answered
     result.rows["sshadapter warm"] = median_timing([t for t, _ in warm])
     result.answer_bytes = warm[-1][1]
     result.daemon_rss_mb = proc_status(side.daemon.pid, "VmRSS") / 1e6
@@ -590,7 +593,8 @@ def report(results: list[SizeResult], startup: dict[int, tuple[float, float]]) -
         extra = f"; {'; '.join(notes)}" if notes else ""
         print(
             f"  N = {r.n}: daemon RSS {r.daemon_rss_mb:.1f} MB, {r.daemon_fds} fds, "
-            f"answers {r.answer_bytes} bytes, daemon CPU {r.warm_cpu_per_host * 1000:.3f} "
+            f"answers {r.answer_bytes} bytes, sshd CPU {r.warm_sshd_cpu_per_host * 1000:.3f} and "
+            f"daemon CPU {r.warm_cpu_per_host * 1000:.3f} "
             f"ms per warm fan-out host{extra}"
         )
     print("\n  ratios in this run (N: sshadapter warm / raw warm, Ansible warm / sshadapter warm,")
@@ -704,6 +708,27 @@ def report(results: list[SizeResult], startup: dict[int, tuple[float, float]]) -
         )
 
 
+def fleet_sshd_cpu(fleet: Fleet) -> float:
+    """CPU seconds of every sshd process tree of the fleet (the sessions and commands too):
+    each live process's own and its reaped children's, from one scan of /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = Path(f"/proc/{entry.name}/stat").read_text().rpartition(")")[2].split()
+                children.setdefault(int(stat[1]), []).append(int(entry.name))
+    members, frontier = set(fleet.sshd_pids), list(fleet.sshd_pids)
+    while frontier:
+        kids = [p for p in children.get(frontier.pop(), []) if p not in members]
+        members.update(kids)
+        frontier.extend(kids)
+    total = 0.0
+    for pid in members:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            total += proc_cpu(pid, children=True)
+    return total
+
+
 def throughput_row(largest: SizeResult | None) -> tuple[str, float, str, float, str] | None:
     """Issue 22's row: warm hosts/s at the largest N, beside the daemon's CPU per host and the
     hosts/s that CPU allows the daemon alone on one core (is the daemon or the machine the
@@ -712,11 +737,14 @@ def throughput_row(largest: SizeResult | None) -> tuple[str, float, str, float, 
         return None
     warm = largest.rows.get("sshadapter warm", Timing())
     hosts_per_second = warm.ok / warm.seconds if warm.ok else float("nan")
-    cpu = largest.warm_cpu_per_host
+    cpu, sshd = largest.warm_cpu_per_host, largest.warm_sshd_cpu_per_host
+    machine_bound = os.cpu_count() or 1
     detail = (
         f"N={largest.n}: {warm.ok} hosts in {fmt(warm.seconds)} s; daemon CPU "
         f"{cpu * 1000:.3f} ms/host (utime+stime over the warm fan-outs) = at most "
-        f"{1 / cpu if cpu > 0 else float('nan'):.0f} hosts/s for the daemon alone on one core"
+        f"{1 / cpu if cpu > 0 else float('nan'):.0f} hosts/s for the daemon alone on one core; "
+        f"the fleet's sshd {sshd * 1000:.3f} ms/host: {machine_bound} cores allow at most "
+        f"{machine_bound / (cpu + sshd) if cpu + sshd > 0 else float('nan'):.0f} hosts/s"
     )
     if largest.n != THROUGHPUT_N:
         print(f"  (no run at N = {THROUGHPUT_N}: the throughput row needs it)")
