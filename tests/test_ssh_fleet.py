@@ -264,6 +264,14 @@ def test_a_warm_group_connects_its_members() -> None:
     assert warm_aliases(config, load_inventory(config)) == ["a", "b", "c"]
 
 
+def assert_prints_true(script: str) -> None:
+    """Run ``script`` in a fresh interpreter (process-wide settings stay out of this one)."""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=os.environ, check=True
+    )
+    assert done.stdout == "True\n", done.stderr
+
+
 def test_the_soft_open_files_limit_is_raised_to_the_hard_one() -> None:
     """Started with a soft RLIMIT_NOFILE of 256, the daemon's helper raises it to the hard."""
     script = (
@@ -273,10 +281,7 @@ def test_the_soft_open_files_limit_is_raised_to_the_hard_one() -> None:
         "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
         "print(raise_open_files_limit() == (hard, hard) == resource.getrlimit(7))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=os.environ, check=True
-    )
-    assert done.stdout == "True\n", done.stderr
+    assert_prints_true(script)
 
 
 def test_the_young_generation_waits_for_gc_young_threshold_allocations() -> None:
@@ -287,7 +292,4 @@ def test_the_young_generation_waits_for_gc_young_threshold_allocations() -> None
         "gc.set_threshold(700, 11, 12)\n"
         "print(tune_garbage_collector() == (GC_YOUNG_THRESHOLD, 11, 12) == gc.get_threshold())\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=os.environ, check=True
-    )
-    assert done.stdout == "True\n", done.stderr
+    assert_prints_true(script)
