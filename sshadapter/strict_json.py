@@ -348,12 +348,20 @@ def _from_msgspec(data: bytes, message: str) -> StrictJSONError | None:
         return StrictJSONError("non_finite_number", -1, "number overflows a double")
     found = _MSGSPEC_AT.match(message)
     if found is None:  # "Input data was truncated": the end, or a lone high surrogate
-        if message.startswith("Input data was truncated") and not _has_high_surrogate(data):
+        if not message.startswith("Input data was truncated"):
+            return None  # orjson tells the rest apart
+        if not _has_high_surrogate(data):
             return StrictJSONError("syntax", len(data), "unexpected end of data")
-        return None  # orjson tells the two apart
+        # msgspec reads the 6 bytes after a high surrogate escape for its pair: past the
+        # end it says "truncated". The escape is then in the last few bytes, and named
+        # from them: a second parse of the whole input (orjson's) would peak at ~12x it.
+        lone = _lone_high_surrogate_at_end(data)
+        if lone is not None:
+            return StrictJSONError("lone_surrogate", lone, "no low surrogate after \\u escape")
+        return StrictJSONError("syntax", len(data), "unexpected end of data")
     what, offset = found.group(1), min(int(found.group(2)), len(data))
     reason = "syntax"
-    if what == "invalid utf-16 surrogate pair":
+    if what in ("invalid utf-16 surrogate pair", "unexpected end of escaped utf-16 surrogate pair"):
         reason = "lone_surrogate"
     elif what == "invalid character" and data.startswith((b"NaN", b"Infinity"), offset):
         reason = "non_finite_number"  # msgspec points at the N or I, after any "-"
@@ -366,6 +374,29 @@ def _from_msgspec(data: bytes, message: str) -> StrictJSONError | None:
 _HIGH_SURROGATES: Final = tuple(
     b"\\u" + d + h for d in (b"d", b"D") for h in (b"8", b"9", b"a", b"b", b"A", b"B")
 )
+
+
+# After a high surrogate escape msgspec reads its pair: "\\uDC00" is 6 bytes.
+_PAIR_BYTES: Final = 6
+
+
+def _lone_high_surrogate_at_end(data: bytes) -> int | None:
+    """The offset of a high surrogate escape in the last bytes of ``data`` that has no
+    ``\\u`` escape after it (the reference's lone_surrogate there), or None: none there,
+    or a second escape cut short (the reference's syntax error).
+
+    Only the tail is read: an escape whose pair would start within _PAIR_BYTES of the end.
+    """
+    start = max(0, len(data) - 2 * _PAIR_BYTES - 1)
+    best = max(data.rfind(escape, start) for escape in _HIGH_SURROGATES)
+    if best < 0 or len(data) - (best + _PAIR_BYTES) >= _PAIR_BYTES:
+        return None
+    if data.startswith(b"\\u", best + _PAIR_BYTES):
+        return None  # a \\u escape follows, with fewer than four hex digits: syntax
+    head = data[max(0, best - 64) : best]  # an escaped backslash before it makes it text
+    if (len(head) - len(head.rstrip(b"\\"))) % 2:
+        return None
+    return best
 
 
 def _has_high_surrogate(data: bytes) -> bool:
@@ -383,6 +414,12 @@ def _from_orjson(data: bytes, exc: orjson.JSONDecodeError) -> StrictJSONError:
     # (and the reference) reads one malformed number.
     if reason == "trailing_data" and data[offset - 1 : offset + 1] in _NUMBER_TAILS:
         reason = "syntax"
+    # The data ends right after a high surrogate escape: orjson says end of data, the
+    # reference (which reads the pair first) a lone surrogate.
+    if reason == "syntax" and "end of data" in exc.msg:
+        lone = _lone_high_surrogate_at_end(data)
+        if lone is not None:
+            reason, offset = "lone_surrogate", lone
     return StrictJSONError(reason, offset, f"{exc.msg[:200]} (over {EXPLAIN_MAX_BYTES} bytes)")
 
 
