@@ -601,8 +601,9 @@ def test_a_large_rejected_output_is_explained_without_the_reference(
 
 
 def test_a_lone_surrogate_at_the_end_is_named_without_a_second_parse() -> None:
-    """A large output refused for a lone surrogate at its very end costs no more memory than
-    msgspec's own attempt (a second parse by orjson, to name the fault, peaked at ~1.6x it)."""
+    """A lone surrogate at a large output's very end costs no more memory than msgspec's try.
+
+    A second parse by orjson, to name the fault, peaked at ~1.6x that attempt."""
     data = b"[" + orjson.dumps([_row(i) for i in range(20_000)])[1:-1] + b', "\\ud800"]'
 
     def peak(parse: Callable[[], Any]) -> int:
