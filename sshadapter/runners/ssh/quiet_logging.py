@@ -37,7 +37,9 @@ def skip_disabled_log_calls() -> bool:
 
     def checked_log_packet(self: ssh_packet.SSHPacketLogger, *args: Any) -> None:
         logger = self.logger
-        if logger._debug_level >= PACKET_DEBUG_LEVEL and logger.isEnabledFor(logging.DEBUG):
+        # An asyncssh without _debug_level: asyncssh's own method decides, as unwrapped.
+        level = getattr(logger, "_debug_level", PACKET_DEBUG_LEVEL)
+        if level >= PACKET_DEBUG_LEVEL and logger.isEnabledFor(logging.DEBUG):
             log_packet(self, *args)
 
     for wrapper in (checked_log, checked_log_packet):
