@@ -174,3 +174,20 @@ def with_daemon(
             await asyncio.wait_for(task, 30)
 
     asyncio.run(main())
+
+
+def scripted_service(tmp_path: Path) -> Service:
+    """A real Service (assembled as `serve` does, not started) answering from the scripted
+    job runner, with the shipped commands and hosts `ci` and `local`."""
+    config = Config(
+        server=ServerSection(allow=Allow(uids=(os.getuid(),)), evaluation_workers=0),
+        paths=PathsSection(commands=shipped_commands(tmp_path), schemas=ROOT / "schemas"),
+        audit=AuditSection(
+            path=tmp_path / "audit.jsonl", fsync="never", quarantine_dir=tmp_path / "q"
+        ),
+        hosts={
+            a: HostSection(address="127.0.0.1", user="nobody", known_hosts=tmp_path / "kh")
+            for a in ("ci", "local")
+        },
+    )
+    return assemble(config, runner=job_runner()).service

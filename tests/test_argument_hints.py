@@ -11,18 +11,14 @@ from typing import Any, Final
 
 import orjson
 import pytest
-from daemon_harness import JOB_COMMAND, JOB_OUT, ROOT, shipped_commands
+from daemon_harness import ROOT, scripted_service
 
-from sshadapter.config import Allow
 from sshadapter.contract import envelope
 from sshadapter.contract.codes import HINT_RULES
 from sshadapter.contract.registry import argument_hint
 from sshadapter.contract.schemas import SchemaSet
-from sshadapter.daemon.assemble import assemble
 from sshadapter.daemon.authorize import Peer
 from sshadapter.errors import EvidenceError
-from sshadapter.runners.interface import RunResult
-from sshadapter.runners.scripted import ScriptedRunner
 
 PEER = Peer(pid=1, uid=os.getuid(), gid=os.getgid())
 SECRET: Final = "/etc/s3cr3t value"
@@ -92,22 +88,7 @@ def test_a_hostile_extra_key_gives_no_parameter() -> None:
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A real Service (assembled as `serve` does) answering from a scripted runner."""
-    from sshadapter.config import AuditSection, Config, HostSection, PathsSection, ServerSection
-
-    tmp_path = tmp_path_factory.mktemp("hints")
-    runner = ScriptedRunner({JOB_COMMAND: RunResult(orjson.dumps(JOB_OUT), b"", 0)})
-    config = Config(
-        server=ServerSection(allow=Allow(uids=(os.getuid(),)), evaluation_workers=0),
-        paths=PathsSection(commands=shipped_commands(tmp_path), schemas=ROOT / "schemas"),
-        audit=AuditSection(
-            path=tmp_path / "audit.jsonl", fsync="never", quarantine_dir=tmp_path / "q"
-        ),
-        hosts={
-            a: HostSection(address="127.0.0.1", user="nobody", known_hosts=tmp_path / "kh")
-            for a in ("ci", "local")
-        },
-    )
-    return assemble(config, runner=runner).service
+    return scripted_service(tmp_path_factory.mktemp("hints"))
 
 
 def call(service: Any, args: dict[str, Any], tool: str = "disk_usage") -> tuple[bytes, Any]:

@@ -16,15 +16,19 @@ from typing import Any
 
 import orjson
 import pytest
-from daemon_harness import JOB_COMMAND, JOB_OUT, ROOT, Running, shipped_commands, with_daemon
+from daemon_harness import (
+    JOB_COMMAND,
+    ROOT,
+    Running,
+    scripted_service,
+    with_daemon,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sshadapter.config import Allow
 from sshadapter.contract import envelope
 from sshadapter.contract.registry import Registry
 from sshadapter.contract.schemas import SchemaSet
-from sshadapter.daemon.assemble import assemble
 from sshadapter.daemon.authorize import Peer
 from sshadapter.errors import UpstreamError
 from sshadapter.runners.interface import RunResult
@@ -90,22 +94,7 @@ def test_an_op_that_is_not_a_string_gets_invalid_request(tmp_path: Path) -> None
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A real Service (assembled as `serve` does) answering from a scripted runner."""
-    from sshadapter.config import AuditSection, Config, HostSection, PathsSection, ServerSection
-
-    tmp_path = tmp_path_factory.mktemp("fuzz")
-    runner = ScriptedRunner({JOB_COMMAND: RunResult(orjson.dumps(JOB_OUT), b"", 0)})
-    config = Config(
-        server=ServerSection(allow=Allow(uids=(os.getuid(),)), evaluation_workers=0),
-        paths=PathsSection(commands=shipped_commands(tmp_path), schemas=ROOT / "schemas"),
-        audit=AuditSection(
-            path=tmp_path / "audit.jsonl", fsync="never", quarantine_dir=tmp_path / "q"
-        ),
-        hosts={
-            a: HostSection(address="127.0.0.1", user="nobody", known_hosts=tmp_path / "kh")
-            for a in ("ci", "local")
-        },
-    )
-    return assemble(config, runner=runner).service
+    return scripted_service(tmp_path_factory.mktemp("fuzz"))
 
 
 @pytest.fixture(scope="module")
