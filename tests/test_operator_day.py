@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
 from daemon_harness import JOB_COMMAND, JOB_OUT, ROOT, Running, with_daemon
+from test_integration import cli
 
 from sshadapter.check.fixtures import load_fixtures
 from sshadapter.check.report import check_registry
@@ -20,17 +20,6 @@ from sshadapter.runners.scripted import ScriptedRunner
 
 CALL = {"op": "call", "tool": "job_run_status", "args": {"project_id": "bluebird"}}
 BAD_OUT = orjson.dumps({**JOB_OUT, "state": 7})  # `state` is a string in the schema
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sshadapter.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def one_line(done: subprocess.CompletedProcess[str]) -> str:
