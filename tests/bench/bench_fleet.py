@@ -54,7 +54,7 @@ import asyncssh
 import orjson
 from daemon_patches import SERVE
 from fleet_sshd import Fleet, running_fleet
-from harness import ROOT, AgentConn, Daemon, loadavg, machine, proc_cpu, proc_status
+from harness import ROOT, AgentConn, Daemon, loadavg, machine, proc_status, tree_cpu
 
 COMMAND: Final = "cat /proc/loadavg"
 DEFAULT_SIZES: Final = (32, 128, 512)
@@ -709,24 +709,8 @@ def report(results: list[SizeResult], startup: dict[int, tuple[float, float]]) -
 
 
 def fleet_sshd_cpu(fleet: Fleet) -> float:
-    """CPU seconds of every sshd process tree of the fleet (the sessions and commands too):
-    each live process's own and its reaped children's, from one scan of /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                stat = Path(f"/proc/{entry.name}/stat").read_text().rpartition(")")[2].split()
-                children.setdefault(int(stat[1]), []).append(int(entry.name))
-    members, frontier = set(fleet.sshd_pids), list(fleet.sshd_pids)
-    while frontier:
-        kids = [p for p in children.get(frontier.pop(), []) if p not in members]
-        members.update(kids)
-        frontier.extend(kids)
-    total = 0.0
-    for pid in members:
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            total += proc_cpu(pid, children=True)
-    return total
+    """CPU seconds of every sshd process tree of the fleet (the sessions and commands too)."""
+    return tree_cpu(*fleet.sshd_pids)
 
 
 def throughput_row(largest: SizeResult | None) -> tuple[str, float, str, float, str] | None:

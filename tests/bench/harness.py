@@ -280,30 +280,30 @@ def proc_cpu(pid: int, children: bool = False) -> float:
     return ticks / TICK
 
 
-def descendants(root: int) -> set[int]:
-    """Every live process below ``root`` (not ``root`` itself)."""
-    parent: dict[int, int] = {}
+def descendants(*roots: int) -> set[int]:
+    """Every live process below ``roots`` (not the roots themselves), from one scan of /proc."""
+    children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                parent[int(entry.name)] = int(_stat_fields(int(entry.name))[1])
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parent = int(_stat_fields(int(entry.name))[1])
+                children.setdefault(parent, []).append(int(entry.name))
     found: set[int] = set()
-    frontier = [root]
+    frontier = list(roots)
     while frontier:
-        pid = frontier.pop()
-        kids = [p for p, pp in parent.items() if pp == pid and p not in found]
+        kids = [p for p in children.get(frontier.pop(), []) if p not in found]
         found.update(kids)
         frontier.extend(kids)
     return found
 
 
-def tree_cpu(root: int) -> float:
-    """CPU seconds of a process tree: every live member's own plus its reaped children's.
+def tree_cpu(*roots: int) -> float:
+    """CPU seconds of process trees: every live member's own plus its reaped children's.
 
     For the daemon too, not only sshd: work moved to worker processes is still its work.
     """
     total = 0.0
-    for pid in {root} | descendants(root):
+    for pid in set(roots) | descendants(*roots):
         with contextlib.suppress(OSError, IndexError):
             total += proc_cpu(pid, children=True)
     return total
