@@ -331,19 +331,26 @@ class AuditLog:
             return False
         if number - self._settled != 1 or self._fsync_seconds >= INLINE_FSYNC_MAX_SECONDS:
             return False
+        failure = self._sync_now(file)
+        self._settle(number, failure)
+        if failure is not None:
+            raise AuditError(reason, f"{failure.strerror} syncing {self.path}") from failure
+        return True
+
+    def _sync_now(self, file: _AuditFile) -> OSError | None:
+        """fsync ``file`` on the loop, counted and timed; its error, if it fails."""
         started = time.monotonic()
         try:
             file.sync()
         except OSError as exc:
-            self._settle(number, exc)
-            raise AuditError(reason, f"{exc.strerror} syncing {self.path}") from exc
-        self._measured(time.monotonic() - started)
-        self.syncs += 1
-        self._settle(number, None)
-        return True
+            return exc
+        self._synced(time.monotonic() - started)
+        return None
 
-    def _measured(self, seconds: float) -> None:
+    def _synced(self, seconds: float) -> None:
+        """One more fsync done, in ``seconds``: the running estimate follows the disk."""
         self._fsync_seconds += _FSYNC_EWMA_WEIGHT * (seconds - self._fsync_seconds)
+        self.syncs += 1
 
     def _start_flusher(self, *, delay: float) -> None:
         if self._flusher is None or self._flusher.done():
@@ -372,19 +379,17 @@ class AuditLog:
 
     async def _sync(self, file: _AuditFile, target: int) -> OSError | None:
         """fsync ``file``: on the loop for a lone record on a fast disk, else in a thread."""
+        # The flusher runs a loop turn after the appends that woke it, so a burst
+        # has written all its records by now: one record alone is synced inline.
+        alone = target - self._settled == 1 and len(self._waiters) <= 1
+        if alone and self._fsync_seconds < INLINE_FSYNC_MAX_SECONDS:
+            return self._sync_now(file)
+        started = time.monotonic()
         try:
-            started = time.monotonic()
-            # The flusher runs a loop turn after the appends that woke it, so a burst
-            # has written all its records by now: one record alone is synced inline.
-            alone = target - self._settled == 1 and len(self._waiters) <= 1
-            if alone and self._fsync_seconds < INLINE_FSYNC_MAX_SECONDS:
-                file.sync()
-            else:
-                await asyncio.to_thread(file.sync)
+            await asyncio.to_thread(file.sync)
         except OSError as exc:
             return exc
-        self._measured(time.monotonic() - started)
-        self.syncs += 1
+        self._synced(time.monotonic() - started)
         return None
 
     def _settle(self, target: int, failure: OSError | None) -> None:
