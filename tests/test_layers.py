@@ -31,6 +31,7 @@ LEAVES = frozenset(
         ".bounded_read",
         ".client",
         ".shipped",
+        ".shown",
     )
 )
 # What each part may import besides itself and the leaves. The seam's value type
