@@ -694,3 +694,21 @@ def test_a_record_larger_than_any_buffer_is_followed_after_a_restart(
         shown = cli("audit", "show", request_id, str(path))
         assert shown.returncode == 0, shown.stderr
         assert shown.stdout.count("\n    host web") == BIG_FAN_OUT_HOSTS
+
+
+def test_a_broken_rotated_file_at_start_is_one_log_line_and_the_daemon_serves(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The newest rotated file is no gzip: one escaped error line, the chain starts again."""
+    trail_dir = tmp_path / "trail\x1b[2J"
+    trail_dir.mkdir(mode=0o700)
+    (trail_dir / "audit.jsonl.1.gz").write_bytes(b"\x1f\x8bnot gzip at all")
+    path = trail_dir / "audit.jsonl"
+
+    async def body(d: Running) -> None:
+        assert (await d.ask(CALL))["outcome"] == "success"
+
+    with_daemon(tmp_path, body, audit_path=path)
+    said = [r.getMessage() for r in caplog.records if "rotated files cannot be read" in r.message]
+    assert len(said) == 1 and said[0].isprintable() and "trail\\x1b[2J" in said[0], said
+    assert verify([path]).ok and path.read_bytes().startswith(b'{"type":"start"')
