@@ -279,7 +279,7 @@ class AuditLog:
             body = orjson.dumps({**record, "prev": self._prev})
         except (TypeError, orjson.JSONEncodeError) as exc:  # a bug: a field that is not JSON
             raise AuditError(reason, f"record not serializable: {exc}") from exc
-        if len(body) > MAX_RECORD_BYTES:  # a bug or a bound raised without this one
+        if len(body) > MAX_RECORD_BYTES:  # no reader would take it as a record: fail closed
             raise AuditError(reason, f"record of {len(body)} bytes over {MAX_RECORD_BYTES}")
         line = body + b"\n"
         if self._torn and not self._restore_boundary():
