@@ -499,10 +499,11 @@ def _cmd_audit_show(args: argparse.Namespace) -> int:
     """One call's records across the rotated files, the chain verified (docs/audit.md)."""
     from sshadapter.daemon.audit_show import REQUEST_ID, format_call
     from sshadapter.daemon.audit_verify import UnreadableTrail, trail, verify
+    from sshadapter.shown import shown
 
     if not REQUEST_ID.fullmatch(args.request_id):
         print(
-            f"sshadapter: {args.request_id[:40]!r} is no request id (req. and 20 hex digits)",
+            f"sshadapter: {shown(args.request_id, 40)} is no request id (req. and 20 hex digits)",
             file=sys.stderr,
         )
         return EXIT_USAGE

@@ -13,7 +13,7 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
@@ -642,3 +642,73 @@ def test_each_acknowledged_record_was_synced_in_its_own_file(tmp_path: Path) -> 
             if c[0] == "fsync" and c[1] == fd and write[4] < c[3] and c[4] < closed and c[2] == "0"
         ]
         assert synced, f"{request_id} acknowledged, but fd {fd} closed without an fsync after it"
+
+
+# --- records larger than any buffer (issue 27) -----------------------------------------------
+
+# A fan-out's result of ~2 MB (about 500 bytes a host): twice the 1 MiB a start once read
+# of the file's end, thirty times the chunk it reads now.
+BIG_FAN_OUT_HOSTS = 4000
+
+
+def rotate_gzipped(path: Path) -> None:
+    """logrotate with `compress`: the file becomes audit.jsonl.1.gz."""
+    import gzip
+
+    with gzip.open(path.with_name(path.name + ".1.gz"), "wb") as rotated:
+        rotated.write(path.read_bytes())
+    path.unlink()
+
+
+@pytest.mark.parametrize(
+    "between",
+    [lambda path: None, rotate, rotate_gzipped],
+    ids=["restart", "rotated_then_restart", "rotated_gzipped_then_restart"],
+)
+def test_a_record_larger_than_any_buffer_is_followed_after_a_restart(
+    tmp_path: Path, between: Callable[[Path], None]
+) -> None:
+    """A 2 MB fan-out result, (a rotation,) a restart, a call: verify intact, both calls shown."""
+    from test_fanout import command_file, on_fleet, operator_files, run_on, scripted_fleet
+    from test_integration import cli
+
+    fanout = f"[fanout]\nmax_hosts = {BIG_FAN_OUT_HOSTS}\nconcurrency = 64"
+    commands, schemas = operator_files(
+        tmp_path, ("fleet_state", command_file(**{"[fanout]": fanout}))
+    )
+    hosts, runner = scripted_fleet(BIG_FAN_OUT_HOSTS)
+    path = tmp_path / "audit.jsonl"
+    ids: list[str] = []
+
+    async def body(d: Running) -> None:
+        ids.append((await d.ask(run_on("fleet")))["request_id"])
+
+    on_fleet(tmp_path, body, runner, hosts, commands, schemas)
+    assert len(path.read_bytes().splitlines()[-1]) > 1_900_000
+    between(path)
+    on_fleet(tmp_path, body, runner, hosts, commands, schemas)  # the daemon restarted
+    verified = cli("audit", "verify", str(path))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "chain: intact" in verified.stdout and "note" not in verified.stdout
+    for request_id in ids:
+        shown = cli("audit", "show", request_id, str(path))
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.count("\n    host web") == BIG_FAN_OUT_HOSTS
+
+
+def test_a_broken_rotated_file_at_start_is_one_log_line_and_the_daemon_serves(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The newest rotated file is no gzip: one escaped error line, the chain starts again."""
+    trail_dir = tmp_path / "trail\x1b[2J"
+    trail_dir.mkdir(mode=0o700)
+    (trail_dir / "audit.jsonl.1.gz").write_bytes(b"\x1f\x8bnot gzip at all")
+    path = trail_dir / "audit.jsonl"
+
+    async def body(d: Running) -> None:
+        assert (await d.ask(CALL))["outcome"] == "success"
+
+    with_daemon(tmp_path, body, audit_path=path)
+    said = [r.getMessage() for r in caplog.records if "rotated files cannot be read" in r.message]
+    assert len(said) == 1 and said[0].isprintable() and "trail\\x1b[2J" in said[0], said
+    assert verify([path]).ok and path.read_bytes().startswith(b'{"type":"start"')

@@ -224,9 +224,13 @@ def test_an_overlong_line_is_a_break_read_in_bounded_pieces(
     tmp_path: Path, real_trail: list[bytes]
 ) -> None:
     """A line over MAX_LINE_BYTES: a BREAK naming the bound; the lines after it are read."""
-    lines = list(real_trail)
-    lines.insert(2, b'{"prev":"' + b"a" * (MAX_LINE_BYTES + 10) + b'"}')
-    report = verify([write(tmp_path / "audit.jsonl", lines)])
+    path = write(tmp_path / "audit.jsonl", real_trail[:2])
+    with path.open("ab") as f:  # written in pieces: the test holds no line of that size
+        f.write(b'{"prev":"')
+        for _ in range(MAX_LINE_BYTES // HUGE + 1):
+            f.write(b"a" * HUGE)
+        f.write(b'"}\n' + b"".join(line + b"\n" for line in real_trail[2:]))
+    report = verify([path])
     assert f"audit.jsonl:3: not an audit record (longer than {MAX_LINE_BYTES} bytes)" in (
         report.summary()
     )

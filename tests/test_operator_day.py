@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -15,6 +18,7 @@ from sshadapter.check.fixtures import load_fixtures
 from sshadapter.check.report import check_registry
 from sshadapter.config import load_config
 from sshadapter.contract.registry import load_registry
+from sshadapter.daemon.audit import GENESIS
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 
@@ -229,3 +233,83 @@ def test_audit_show_and_record_of_a_fan_out(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     stdout = (commands / "fleet_state.fixtures" / "sideways.stdout").read_bytes()
     assert stdout == b"state \x1b[31msideways\n"  # the rejected host's bytes, whichever it was
+
+
+# What a terminal acts on: CSI, OSC with BEL, CR, a line that poses as a log record, the bidi
+# override and isolate (Trojan Source), a C1 CSI.
+HOSTILE = "\x1b[2J\x1b]0;owned\x07\r\nCRITICAL sshadapter: approved\u202etxt.exe\u2066\x9b"
+
+
+def rechained(lines: list[bytes], edit: Callable[[dict[str, Any]], None]) -> bytes:
+    """The records on ``lines`` each edited, then chained again: a trail verify passes."""
+    prev, out = GENESIS, []
+    for line in lines:
+        record = orjson.loads(line)
+        edit(record)
+        body = orjson.dumps({**record, "prev": prev})
+        prev = hashlib.sha256(body).hexdigest()
+        out.append(body + b"\n")
+    return b"".join(out)
+
+
+def with_hostile_fields(record: dict[str, Any]) -> None:
+    """Every field `audit show` prints, down to nested keys, holds ``HOSTILE``."""
+    for key in ("time", "tool", "code", "detail", "stage", "reason", "host"):
+        if key in record:
+            record[key] = HOSTILE
+    record["command"] = "/usr/bin/true" + HOSTILE
+    record["caller"] = {"uid": HOSTILE, "gid": 0, "pid": 1}
+    for attempt in record.get("attempts", []):
+        attempt.update(transport_error=HOSTILE, interrupted=HOSTILE)
+        attempt["quarantine"] = {HOSTILE: HOSTILE}
+        attempt["verdict"].update(stage=HOSTILE, detail=HOSTILE)
+
+
+def assert_plain(out: str, lines: int) -> None:
+    """``lines`` lines, each printable, none starting as a forged log line; ESC shown escaped."""
+    assert len(out.splitlines()) == lines, out
+    assert all(line.isprintable() for line in out.splitlines()), out
+    assert "\nCRITICAL" not in out and "\\x1b" in out, out
+
+
+def test_audit_show_and_verify_print_no_raw_byte_of_a_record_or_a_file_name(
+    tmp_path: Path,
+) -> None:
+    """ESC, CR/LF, BEL, C1 and bidi bytes in every field and in the trail's name: escaped.
+
+    By `audit show`, by its refusal of a broken trail and by `audit verify`.
+    """
+    outputs = iter([orjson.dumps(JOB_OUT), BAD_OUT])
+    ids: list[str] = []
+
+    async def remote() -> RunResult:
+        return RunResult(next(outputs), b"a warning\n", 0)
+
+    async def body(d: Running) -> None:
+        ids.extend([(await d.ask(CALL))["request_id"] for _ in range(2)])
+
+    path = tmp_path / f"trail{HOSTILE}" / "audit.jsonl"
+    runner = ScriptedRunner({JOB_COMMAND: remote})
+    with_daemon(tmp_path, body, runner=runner, quarantine=True, audit_path=path)
+    plain = cli("audit", "show", ids[1], str(path))
+    assert plain.returncode == 0, plain.stderr
+    path.write_bytes(rechained(path.read_bytes().splitlines(), with_hostile_fields))
+
+    shown = cli("audit", "show", ids[1], str(path))
+    assert shown.returncode == 0, shown.stderr
+    assert_plain(shown.stdout, len(plain.stdout.splitlines()) + 1)  # + `interrupted:`
+    assert "command: /usr/bin/true\\x1b[2J\\x1b]0;owned\\x07\\r\\nCRITICAL" in shown.stdout
+    assert "\\u202etxt.exe\\u2066\\x9b" in shown.stdout
+    verified = cli("audit", "verify", str(path))
+    assert verified.returncode == 0, verified.stdout
+
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[2] = lines[2].replace(b'"gid":0', b'"gid":1')  # an edit: the chain breaks after it
+    path.write_bytes(b"".join(lines))
+    refused = cli("audit", "show", ids[1], str(path))
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert_plain(one_line(refused), 1)
+    assert "trail\\x1b[2J" in refused.stderr and ":4: does not follow" in refused.stderr
+    broken = cli("audit", "verify", str(path))
+    assert broken.returncode == 1 and "  BREAK " in broken.stdout
+    assert_plain(broken.stdout, 5)

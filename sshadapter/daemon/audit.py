@@ -33,7 +33,8 @@ by a new one, so no record lands in a file nobody can read.
 Tamper evidence: every record carries ``prev``, the sha256 of the previous
 record's line, so an edited, deleted or reordered record breaks the chain
 (``sshadapter audit verify``). The chain continues across log rotation (the
-daemon remembers the last hash) and across restarts (it reads the last line).
+daemon remembers the last hash) and across restarts (it reads the last record whole,
+whatever its length, or that of the newest rotated file: ``audit_tail``).
 
 Private keys and passphrases never reach a record: records are built from
 explicit fields, never from config objects or exception reprs of the transport.
@@ -50,6 +51,7 @@ import os
 import stat
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -59,8 +61,10 @@ from typing import Any, Final, Literal
 import orjson
 
 from sshadapter.contract.rfc3339 import format_rfc3339
+from sshadapter.daemon.audit_tail import last_record, last_rotated_record
 from sshadapter.daemon.private_paths import check_private, make_private_dirs
 from sshadapter.errors import AuditError, ConfigError
+from sshadapter.shown import shown
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +77,13 @@ BATCH_INTERVAL_SECONDS: Final = 1.0  # with fsync = "batch", at most this much i
 # slow disk the loop must not stall, so every sync then goes to a thread.
 INLINE_FSYNC_MAX_SECONDS: Final = 0.001
 _FSYNC_EWMA_WEIGHT: Final = 0.2  # how fast the running estimate of an fsync follows the disk
-TAIL_READ_BYTES: Final = 1024 * 1024  # enough to find the last record of an existing file
+# The longest record written, so the longest line `audit verify` reads as a record. The
+# largest is a fan-out's result: a row per host (500 bytes with one successful attempt),
+# each attempt up to ~1 KiB with a 500-character detail and quarantine names, so
+# MAX_FANOUT_HOSTS (10,000) x MAX_RETRY_ATTEMPTS (5) is about 50 MiB. A longer record (a
+# path quoting the output) is refused, the call failing closed, rather than written where
+# no reader takes it.
+MAX_RECORD_BYTES: Final = 128 * 1024 * 1024
 
 
 class _AuditFile:
@@ -152,7 +162,7 @@ class AuditLog:
         Raises ConfigError naming the path and the fix when the file or its
         directory cannot be used (a symlink, another owner, group or other access).
         """
-        self._file = self._open_new()
+        self._file = self._open_new(resume=True)
 
     def reopen(self) -> None:
         """After logrotate moved the file away (SIGHUP): continue the chain in a new file.
@@ -182,25 +192,42 @@ class AuditLog:
             file.release()
         self._settle(self._written, failure)
 
-    def _open_new(self) -> _AuditFile:
+    def _open_new(self, *, resume: bool = False) -> _AuditFile:
         """Open the path, end a torn last line; the chain goes on from its last record.
 
-        An empty file (a new one after rotation) continues from the last record written.
+        A file without a record continues from the last record written (a reopen after
+        rotation) or, at start (``resume``), from that of the newest rotated file.
         """
         fd = self._open_checked()
         try:
-            last, torn = _last_line(fd)
+            last, torn = last_record(fd)
             if torn:  # a crash mid-write (power loss): end the torn line so the next one is whole
                 os.write(fd, b"\n")
             file = _AuditFile(fd)
         except OSError as exc:
             os.close(fd)
             raise ConfigError(str(self.path), "audit.path", f"cannot read: {exc.strerror}") from exc
+        if last is None and resume:
+            last = self._last_rotated()
         if last is not None:
-            self._prev = hashlib.sha256(last).hexdigest()
+            self._prev = last
         self._end = os.fstat(fd).st_size
         self._torn = False
         return file
+
+    def _last_rotated(self) -> str | None:
+        """The digest of the last record of the newest rotated file; None (the chain starts
+        again, which `audit verify` reports) when there is none or it cannot be read."""
+        try:
+            return last_rotated_record(self.path)
+        except (OSError, EOFError, zlib.error) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            log.error(
+                "audit file %s: the chain starts again, its rotated files cannot be read: %s",
+                shown(self.path, None),
+                shown(reason),
+            )
+            return None
 
     def _retire(self, old: _AuditFile) -> None:
         """Hand a file a reopen left to the flusher: synced first if records wait in it."""
@@ -252,6 +279,8 @@ class AuditLog:
             body = orjson.dumps({**record, "prev": self._prev})
         except (TypeError, orjson.JSONEncodeError) as exc:  # a bug: a field that is not JSON
             raise AuditError(reason, f"record not serializable: {exc}") from exc
+        if len(body) > MAX_RECORD_BYTES:  # no reader would take it as a record: fail closed
+            raise AuditError(reason, f"record of {len(body)} bytes over {MAX_RECORD_BYTES}")
         line = body + b"\n"
         if self._torn and not self._restore_boundary():
             line = b"\n" + line  # end the fragment: it becomes a fault line of its own
@@ -410,21 +439,6 @@ def _not_written(record: Mapping[str, Any]) -> str:
     approval record is written before its command may run)."""
     ran = record.get("type") not in ("intent", "approval")
     return "result_not_written" if ran else "intent_not_written"
-
-
-def _last_line(fd: int) -> tuple[bytes | None, bool]:
-    """The last complete line of the file (without newline), and whether a torn line follows."""
-    size = os.fstat(fd).st_size
-    if size == 0:
-        return None, False
-    start = max(0, size - TAIL_READ_BYTES)
-    tail = os.pread(fd, size - start, start)
-    torn = not tail.endswith(b"\n")
-    lines = tail.split(b"\n")
-    complete = lines[:-1]  # the part after the last newline is empty or torn
-    if not complete or (start > 0 and len(complete) == 1):
-        return None, torn
-    return complete[-1], torn
 
 
 def now_text(moment: datetime | None = None) -> str:

@@ -3,9 +3,11 @@
 Reference: docs/audit.md "Hash chain", `sshadapter audit show`. The records are found across the
 rotated files (``audit_verify.trail``) while the chain over every file read is checked
 (``audit_verify.verify``): a call is shown only from a trail that is whole. Every value
-printed comes from a file someone may have edited, so each is escaped (control characters
-written as ``\\n``, ``\\x1b``...) and shortened; a field of the wrong type is shown as
-``?``, never a traceback.
+printed comes from a file someone may have edited, so each (keys and nested values too) is
+one line through ``sshadapter.shown`` (control characters, line breaks and bidi controls
+written as ``\\n``, ``\\x1b``, ``\\u202e``...) and shortened; a field of the wrong type is
+shown as ``?``, never a traceback. The ``FILE:LINE`` of a record comes escaped from
+``audit_verify``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
+
+from sshadapter.shown import shown
 
 REQUEST_ID: Final = re.compile(r"req\.[0-9a-f]{20}")
 # A value printed whole: a command is at most 64 KiB (argv.MAX_COMMAND_BYTES), and a
@@ -30,8 +34,7 @@ def text(value: Any, limit: int = SHORT_SHOWN_CHARS) -> str:
         return str(value)
     if not isinstance(value, str):
         return "?"
-    escaped = value.encode("unicode_escape").decode("ascii")
-    return escaped if len(escaped) <= limit else escaped[:limit] + "..."
+    return shown(value, limit)
 
 
 def _who(value: Any) -> str:
@@ -87,13 +90,13 @@ def _where(record: Mapping[str, Any]) -> str:
 def format_call(request_id: str, found: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
     """The records of one call (``audit_verify.Report.kept``), in the order written."""
     tool = next((r.get("tool") for _, r in found if r.get("tool")), None)
-    lines = [f"{request_id}  {text(tool)}"]
+    lines = [f"{text(request_id)}  {text(tool)}"]
     for where, record in found:
         kind = record.get("type")
         head = f"{text(record.get('time'))}  {text(kind)}"
         if kind == "approval":
             event = record.get("event")
-            lines.append(f"{head} {text(event)}  ({text(where, LONG_SHOWN_CHARS)})")
+            lines.append(f"{head} {text(event)}  ({where})")
             if "caller" in record:
                 lines.append(f"{INDENT}caller: {_who(record.get('caller'))}")
             if "approver" in record:
@@ -104,9 +107,7 @@ def format_call(request_id: str, found: Sequence[tuple[str, Mapping[str, Any]]])
                 if key in record:
                     lines.append(f"{INDENT}{key}: {text(record.get(key))}")
         elif kind == "intent":
-            lines.append(
-                f"{head} attempt {text(record.get('attempt'))}  ({text(where, LONG_SHOWN_CHARS)})"
-            )
+            lines.append(f"{head} attempt {text(record.get('attempt'))}  ({where})")
             lines.append(f"{INDENT}caller: {_who(record.get('caller'))}, {_where(record)}")
             lines.append(f"{INDENT}command: {text(record.get('command'), LONG_SHOWN_CHARS)}")
             if isinstance(approval := record.get("approval"), Mapping):
@@ -114,7 +115,7 @@ def format_call(request_id: str, found: Sequence[tuple[str, Mapping[str, Any]]])
         elif kind == "result":
             outcome, code = record.get("outcome"), record.get("code")
             answer = text(outcome) + (f" {text(code)}" if code is not None else "")
-            lines.append(f"{head} {answer}  ({text(where, LONG_SHOWN_CHARS)})")
+            lines.append(f"{head} {answer}  ({where})")
             lines.append(f"{INDENT}caller: {_who(record.get('caller'))}, {_where(record)}")
             lines.append(f"{INDENT}command: {text(record.get('command'), LONG_SHOWN_CHARS)}")
             lines.append(f"{INDENT}verdict: {_verdict(record)}")

@@ -12,7 +12,8 @@ Every byte of the files is untrusted here: whoever tampered with the trail chose
 it. A line is a record only if it is at most ``MAX_LINE_BYTES``, UTF-8 JSON, an
 object, and every field this module reads has its type (``_record``); anything
 else is reported as a line that is not an audit record, never a traceback. What
-the report prints from a record is escaped and shortened (``_shown``).
+the report prints from a record or a file name is escaped and shortened
+(``sshadapter.shown``).
 
 Rotation: ``trail`` finds the rotated siblings of the current file (logrotate's
 ``audit.jsonl.1``, ``.2.gz``, ``-20261130``...) so a call whose intent was
@@ -39,12 +40,13 @@ from typing import IO, Any, Final
 import orjson
 
 from sshadapter.bounded_read import NotRegular, open_regular
-from sshadapter.daemon.audit import GENESIS
+from sshadapter.daemon.audit import GENESIS, MAX_RECORD_BYTES
+from sshadapter.daemon.audit_tail import rotated
+from sshadapter.shown import shown
 
-# The longest line read as a record. The daemon's records are far smaller (a command
-# is at most 64 KiB, and audit.TAIL_READ_BYTES must hold the last one); a longer line
-# is skipped in pieces, so a tampered file cannot make verify hold gigabytes.
-MAX_LINE_BYTES: Final = 16 * 1024 * 1024
+# The longest line read as a record: the longest the daemon writes. A longer line is
+# skipped in pieces, so a tampered file cannot make verify hold gigabytes.
+MAX_LINE_BYTES: Final = MAX_RECORD_BYTES
 _READ_CHUNK_BYTES: Final = 1024 * 1024  # how an over-long line is skipped
 # The most of one untrusted value the report prints: enough to recognise it, never
 # a screenful of whatever a tamperer wrote.
@@ -60,17 +62,13 @@ _FIELDS: Final[dict[str, tuple[tuple[str, type], ...]]] = {
     "approval": (("request_id", str),),
 }
 _TYPE_NAMES: Final[dict[type, str]] = {str: "a string", list: "an array"}
-# logrotate's names for rotated files: `audit.jsonl.1` (the default, newest first) and
-# `audit.jsonl-20261130` (`dateext`, oldest first), either with `.gz` (`compress`).
-_NUMBERED = r"\.(?P<number>[0-9]{1,6})"
-_DATED = r"-(?P<date>[0-9]{8,14})"
 
 
 class UnreadableTrail(Exception):
     """A file of the trail cannot be read: the operator gets its path and the reason."""
 
     def __init__(self, path: Path, reason: str) -> None:
-        super().__init__(f"{path}: {reason}")
+        super().__init__(f"{shown(path, None)}: {shown(reason)}")
         self.path = path
         self.reason = reason
 
@@ -106,7 +104,7 @@ class Report:
     def summary(self) -> str:
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.kinds.items()))
         lines = [
-            "files: " + (", ".join(_shown(f) for f in self.files) or "none"),
+            "files: " + (", ".join(shown(f, SHOWN_CHARS) for f in self.files) or "none"),
             f"{self.records} records ({kinds})",
             "chain: intact" if self.ok else f"chain: {len(self.breaks)} break(s)",
         ]
@@ -119,7 +117,9 @@ class Report:
             + (" (calls that died with the daemon, or still running)" if open_ else "")
         )
         lines += [
-            f"  {_shown(r['request_id'])} {_shown(r['tool'])} {_shown(r['time'])}" for r in open_
+            f"  {shown(r['request_id'], SHOWN_CHARS)} {shown(r['tool'], SHOWN_CHARS)} "
+            f"{shown(r['time'], SHOWN_CHARS)}"
+            for r in open_
         ]
         return "\n".join(lines)
 
@@ -129,21 +129,10 @@ def trail(path: Path) -> list[Path]:
 
     Raises UnreadableTrail when the directory cannot be listed.
     """
-    numbered = re.compile(re.escape(path.name) + _NUMBERED + r"(?:\.gz)?")
-    dated = re.compile(re.escape(path.name) + _DATED + r"(?:\.gz)?")
     try:
-        names = os.listdir(path.parent)
+        return [*rotated(path), path]
     except OSError as exc:
         raise UnreadableTrail(path.parent, f"cannot list: {exc.strerror}") from exc
-    by_number: list[tuple[int, str]] = []
-    by_date: list[tuple[str, str]] = []
-    for name in names:
-        if match := numbered.fullmatch(name):
-            by_number.append((int(match["number"]), name))
-        elif match := dated.fullmatch(name):
-            by_date.append((match["date"], name))
-    older = [name for _, name in sorted(by_date)] + [name for _, name in sorted(by_number)[::-1]]
-    return [path.parent / name for name in older] + [path]
 
 
 def verify(paths: Iterable[Path], request_id: str = "") -> Report:
@@ -200,14 +189,13 @@ def _count(report: Report, record: dict[str, Any], where: str) -> None:
             report.intents.setdefault(record["request_id"], (record["tool"], record["time"]))
     elif kind == "result":
         request_id = record["request_id"]
+        call = shown(request_id, SHOWN_CHARS)
         if record["attempts"] and request_id not in report.intents:
             if report.from_genesis:
-                report.breaks.append(
-                    f"{where}: result of {_shown(request_id)} ran without an intent record"
-                )
+                report.breaks.append(f"{where}: result of {call} ran without an intent record")
             else:  # after a rotation its intent is in an older file
                 report.notes.append(
-                    f"{where}: result of {_shown(request_id)}: its intent is not in these "
+                    f"{where}: result of {call}: its intent is not in these "
                     "files (written before the first record read)"
                 )
         report.intents.pop(request_id, None)
@@ -237,9 +225,11 @@ def _record(body: bytes) -> tuple[dict[str, Any], str] | tuple[None, str]:
 
 
 def _lines(paths: Iterable[Path], report: Report) -> Iterator[tuple[str, bytes]]:
-    """Every line of every file without its newline; an over-long one cut to its first bytes."""
+    """Every line of every file without its newline, with where it is (``FILE:LINE``, the
+    file name escaped: it is printed); an over-long one cut to its first bytes."""
     for path in paths:
         report.files.append(str(path))
+        name = shown(path, None)
         with _open(path) as raw:
             f = gzip.GzipFile(fileobj=raw, mode="rb") if path.name.endswith(".gz") else raw
             number = 0
@@ -255,7 +245,7 @@ def _lines(paths: Iterable[Path], report: Report) -> Iterator[tuple[str, bytes]]
                 except (OSError, EOFError, zlib.error) as exc:
                     reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
                     raise UnreadableTrail(path, f"cannot read line {number + 1}: {reason}") from exc
-                yield f"{path}:{number}", line.removesuffix(b"\n")
+                yield f"{name}:{number}", line.removesuffix(b"\n")
 
 
 def _open(path: Path) -> IO[bytes]:
@@ -267,9 +257,3 @@ def _open(path: Path) -> IO[bytes]:
     except OSError as exc:
         raise UnreadableTrail(path, f"cannot open: {exc.strerror}") from exc
     return os.fdopen(fd, "rb")
-
-
-def _shown(value: str) -> str:
-    """An untrusted string as the report prints it: control characters escaped, shortened."""
-    escaped = value.encode("unicode_escape").decode("ascii")
-    return escaped if len(escaped) <= SHOWN_CHARS else escaped[:SHOWN_CHARS] + "..."
