@@ -212,8 +212,9 @@ def _parser() -> argparse.ArgumentParser:
     sudoers.add_argument(
         "--check",
         action="store_true",
-        help="also prove it (visudo -c, then sudo -l -U on allowed and mutated arguments; "
-        "installs it in /etc/sudoers.d under a temporary name meanwhile)",
+        help="also prove it (visudo -c, then sudo -l -U on allowed and mutated arguments and "
+        "visudo -c on the whole installed sudoers, any warning a failure; installs it in "
+        "/etc/sudoers.d under a temporary name meanwhile)",
     )
     sudoers.set_defaults(handler=_cmd_sudoers)
 

@@ -272,7 +272,9 @@ def test_sudoers_check_fails_on_what_sudo_says_of_the_whole_installed_sudoers(
         f"Cmnd_Alias SSHADAPTER_RESTART = {ECHO} ^restart$\n"
         f"{login_account()} ALL = (root) NOPASSWD: SSHADAPTER_RESTART\n"
     )
-    with drop_ins_installed({"old-a": old, "old-b": old}):
+    # The second's name holds ESC, a bidi override and a byte that is no UTF-8: sudo prints
+    # the name, the check shows it escaped.
+    with drop_ins_installed({"old-a": old, "old-b\x1b[2J\u202e\udcff": old}):
         status, _, err = sudoers_cli(config, capsys, "--check")
     lines = err.splitlines()
     assert status == 1, err
@@ -280,8 +282,30 @@ def test_sudoers_check_fails_on_what_sudo_says_of_the_whole_installed_sudoers(
     warned = re.fullmatch(
         r'installed sudoers: (\S+):1:\d+: Alias "SSHADAPTER_RESTART" already defined', lines[1]
     )
-    assert warned and warned[1].endswith("-old-b"), lines[1]
+    assert warned and warned[1].endswith("-old-b\\x1b[2J\\u202e\\xff"), lines[1]
     assert re.fullmatch(r"sudo -l: (\d+) of \1 answers as required, 1 diagnostic\(s\) .*", lines[2])
+
+
+def test_sudoers_check_reads_its_installed_file_and_refuses_beside_another_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Installed as printed, --check proves it in place; installed with other text, one line."""
+    require_sudo()
+    config = write_config(tmp_path, {"restart": command_file(ECHO)}, login_account())
+    status, text, err = sudoers_cli(config, capsys)
+    assert status == 0, err
+    install = sudoers.install_path(login_account(), "local")
+    with installed_as(install, text):
+        status, _, err = sudoers_cli(config, capsys, "--check")
+        assert status == 0, err
+        assert " 0 diagnostic(s) of the installed sudoers" in err
+    with installed_as(install, text.replace("--mode=(fast|slow)", "--mode=(fast)")):
+        status, out, err = sudoers_cli(config, capsys, "--check")
+    assert (status, out) == (1, text)
+    assert err == (
+        f"sshadapter: sudoers --check: {install} holds other rules under this drop-in's names: "
+        "sudo would read both, so check before installing (or on a machine like the host)\n"
+    )
 
 
 def test_a_drop_in_visudo_rejects_fails_the_check(tmp_path: Path) -> None:
@@ -310,16 +334,23 @@ def sudo_host() -> Iterator[tuple[Sshd, Path, Any]]:
 @contextlib.contextmanager
 def drop_ins_installed(texts: dict[str, str]) -> Iterator[None]:
     """Each drop-in (by a name of this run) in /etc/sudoers.d, 0440; all removed afterwards."""
-    paths = [sudoers.SUDOERS_DIR / f"sshadapter-test-{os.getpid()}-{name}" for name in texts]
+    with contextlib.ExitStack() as stack:
+        for name, text in texts.items():
+            path = sudoers.SUDOERS_DIR / f"sshadapter-test-{os.getpid()}-{name}"
+            stack.enter_context(installed_as(path, text))
+        yield
+
+
+@contextlib.contextmanager
+def installed_as(path: Path, text: str) -> Iterator[None]:
+    """``text`` as the new drop-in ``path``, 0440; removed afterwards."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o440)
     try:
-        for path, text in zip(paths, texts.values(), strict=True):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o440)
-            with os.fdopen(fd, "w") as out:
-                out.write(text)  # created 0440: sudo ignores a drop-in with any other mode
+        with os.fdopen(fd, "w") as out:
+            out.write(text)  # created 0440: sudo ignores a drop-in with any other mode
         yield
     finally:
-        for path in paths:
-            path.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
 
 
 @pytest.fixture

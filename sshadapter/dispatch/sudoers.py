@@ -149,7 +149,7 @@ def stale(text: str, path: Path) -> bool:
     """Whether ``path`` holds another drop-in than ``text``: one the proof cannot sit beside
     (the same names, defined twice)."""
     try:
-        return path.read_text() != text
+        return path.read_bytes() != text.encode()
     except FileNotFoundError:
         return False
 
@@ -220,11 +220,13 @@ def missing_programs(found: Sequence[Rule]) -> list[str]:
 
 
 def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    # Fixed programs (sudo, visudo), an argv list, no shell.
+    # Fixed programs (sudo, visudo), an argv list, no shell. What they print quotes file names
+    # and sudoers lines, any bytes: kept (surrogateescape), for shown() to escape.
     return subprocess.run(
         list(argv),
         capture_output=True,
         text=True,
+        errors="surrogateescape",
         timeout=SUDO_TIMEOUT_SECONDS,
         stdin=subprocess.DEVNULL,
         check=False,
