@@ -45,8 +45,8 @@ SUDOERS_DIR: Final = Path("/etc/sudoers.d")
 # ending in "~"; an alias name is an upper-case letter, then upper-case letters, digits, "_".
 INSTALL_PREFIX: Final = "sshadapter"
 ALIAS_PREFIX: Final = "SSHADAPTER"
-# Hex digits of sha256(account, target) in a drop-in's names: 2**40 apart, two drop-ins of
-# one host (a handful, named by one operator) never share them by chance.
+# Hex digits of sha256(account, target) in a drop-in's names: 40 bits, so two drop-ins of one
+# host (a handful, named by one operator) share them by chance about once in 10**12.
 NAMESPACE_HEX_DIGITS: Final = 10
 DROP_IN_MODE: Final = 0o440  # visudo -c refuses anything else, and sudo ignores the file
 # One sudo or visudo run reads the sudoers files and answers: well under a second; a
@@ -100,7 +100,8 @@ class Proved:
 
 
 def namespace(account: str, target: str) -> str:
-    """What a drop-in's file and alias names carry: no other account or target has it."""
+    """What the file and alias names of the drop-in of ``account`` on ``target`` carry: a
+    digest, so another account or target gets other names."""
     seed = hashlib.sha256(f"{account}\n{target}".encode()).hexdigest()
     return seed[:NAMESPACE_HEX_DIGITS]
 
