@@ -212,8 +212,9 @@ def _parser() -> argparse.ArgumentParser:
     sudoers.add_argument(
         "--check",
         action="store_true",
-        help="also prove it (visudo -c, then sudo -l -U on allowed and mutated arguments; "
-        "installs it in /etc/sudoers.d under a temporary name meanwhile)",
+        help="also prove it (visudo -c, then sudo -l -U on allowed and mutated arguments and "
+        "visudo -c on the whole installed sudoers, any warning a failure; installs it in "
+        "/etc/sudoers.d under a temporary name meanwhile)",
     )
     sudoers.set_defaults(handler=_cmd_sudoers)
 
@@ -918,6 +919,7 @@ def _cmd_sudoers(args: argparse.Namespace) -> int:
     """The sudoers drop-in of a dispatch host alias or group; with --check, proved."""
     from sshadapter.dispatch import policy, sudoers
     from sshadapter.inventory import load_inventory
+    from sshadapter.shown import shown
 
     path, config, registry, policies = _load_with_path(args)
     inventory = load_inventory(config)
@@ -937,12 +939,13 @@ def _cmd_sudoers(args: argparse.Namespace) -> int:
             f"groups.{args.target}",
             f"members log in as {', '.join(accounts)}: one drop-in serves one account",
         )
+    account = accounts[0]
     placed = policy.operations_by_host(registry.operations.values(), members[:1], inventory)
-    found = sudoers.rules(placed[members[0]])
+    found = sudoers.rules(placed[members[0]], account, args.target)
     if not found:
         print(f"sshadapter: no operation on {args.target} has run_as", file=sys.stderr)
         return EXIT_USAGE
-    text = sudoers.drop_in(args.target, accounts[0], found, document["digest"])
+    text = sudoers.drop_in(args.target, account, found, document["digest"])
     sys.stdout.write(text)
     if not args.check:
         return EXIT_OK
@@ -954,27 +957,42 @@ def _cmd_sudoers(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
+    install = sudoers.install_path(account, args.target)
     try:
+        if sudoers.stale(text, install):
+            print(
+                f"sshadapter: sudoers --check: {install} holds other rules under this drop-in's "
+                "names: sudo would read both, so check before installing (or on a machine "
+                "like the host)",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
         passed, said = sudoers.visudo_check(text)
-        proofs = sudoers.prove(text, accounts[0], found) if passed else []
+        proved = sudoers.prove(text, account, found, install) if passed else None
     except (OSError, subprocess.SubprocessError) as exc:
         print(
             f"sshadapter: sudoers --check: {exc} (it needs sudo, visudo and root)", file=sys.stderr
         )
         return EXIT_FAILED
-    print(f"visudo -c: {'ok' if passed else 'FAILED'}: {said}", file=sys.stderr)
-    if not passed:
+    print(f"visudo -c: {'ok' if passed else 'FAILED'}: {shown(said)}", file=sys.stderr)
+    if proved is None:
         return EXIT_FAILED
-    for proof in proofs:
+    for line in proved.diagnostics:  # another file's text, a terminal's to show
+        print(f"installed sudoers: {shown(line)}", file=sys.stderr)
+    for proof in proved.proofs:
         if not proof.ok:
             want = "allowed" if proof.expected else "refused"
             print(
                 f"sudo -l: {proof.operation}: {' '.join(proof.argv)!r} must be {want}",
                 file=sys.stderr,
             )
-    bad = sum(not proof.ok for proof in proofs)
-    print(f"sudo -l: {len(proofs) - bad} of {len(proofs)} answers as required", file=sys.stderr)
-    return EXIT_OK if not bad else EXIT_FAILED
+    bad = sum(not proof.ok for proof in proved.proofs)
+    print(
+        f"sudo -l: {len(proved.proofs) - bad} of {len(proved.proofs)} answers as required, "
+        f"{len(proved.diagnostics)} diagnostic(s) of the installed sudoers",
+        file=sys.stderr,
+    )
+    return EXIT_OK if proved.ok else EXIT_FAILED
 
 
 def _cmd_dispatcher(args: argparse.Namespace) -> int:

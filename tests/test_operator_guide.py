@@ -49,6 +49,8 @@ import pytest
 from sshd import Sshd, host_directory, login_account, running_sshd
 from test_integration import free_port, notifications
 
+from sshadapter.dispatch import sudoers
+
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "README.md"  # the guide is the README part between guide:begin and guide:end
 SERVICE = ROOT / "systemd" / "sshadapter.service"
@@ -667,7 +669,7 @@ def root_operation_with_approval(walk: Walkthrough, config: Path, drop_in: Path)
     require_root_and_sudo()
     installed = SUDOERS_DIR / f"sshadapter-guide-{os.getpid()}"  # no ".": sudo would skip it
     for old, new in (
-        ("/etc/sudoers.d/sshadapter", str(installed)),
+        (str(sudoers.install_path("sshadapter", "ci")), str(installed)),
         ("uids = [1002]", f"uids = [{APPROVER_UID}]"),
     ):
         walk.substitutions.insert(0, (old, new))
@@ -677,7 +679,15 @@ def root_operation_with_approval(walk: Walkthrough, config: Path, drop_in: Path)
     walk.write("/etc/sshadapter/schemas/whoami_root.v1.json")
     try:
         printed = walk.run("sudoers")
-        shown = walk.output("sudoers").replace("sshadapter ALL", f"{walk.sshd.user} ALL")
+        # The guide's account is sshadapter, the walk's the test's: another namespace.
+        shown = (
+            walk.output("sudoers")
+            .replace("sshadapter ALL", f"{walk.sshd.user} ALL")
+            .replace(
+                sudoers.namespace("sshadapter", "ci").upper(),
+                sudoers.namespace(walk.sshd.user, "ci").upper(),
+            )
+        )
         assert _lines(printed) == _lines(shown)
         operations = json.loads((walk.work / "ci.policy.json").read_text())["operations"]
         assert sorted(operations) == ["file_stat", "kernel_release", "whoami_root"]

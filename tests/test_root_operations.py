@@ -10,8 +10,10 @@ else is refused by the dispatcher and, tried directly as the account, by sudo.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -52,6 +54,8 @@ SCHEMA: Final = {
 }
 ECHO: Final = "/usr/bin/echo"  # a program sudo finds here (sudo -l refuses a missing one)
 UNIT: Final = "^[a-z][a-z0-9_-]{0,15}\\.service$"
+OTHER_ACCOUNT: Final = "nobody"  # a second dispatch account: its drop-in beside the test's
+RESTART: Final = {"unit": "nginx.service", "mode": "slow"}  # valid arguments of "restart"
 
 
 def command_file(program: str, *, run_as: str | None = "root", extra: str = "") -> str:
@@ -178,9 +182,9 @@ def write_config(root: Path, files: dict[str, str], user: str) -> Path:
 
 
 def sudoers_cli(
-    config: Path, capsys: pytest.CaptureFixture[str], *more: str
+    config: Path, capsys: pytest.CaptureFixture[str], *more: str, target: str = "local"
 ) -> tuple[int, str, str]:
-    status = cli_main(["sudoers", "local", "--config", str(config), *more])
+    status = cli_main(["sudoers", target, "--config", str(config), *more])
     out, err = capsys.readouterr()
     return status, out, err
 
@@ -196,15 +200,17 @@ def test_sudoers_prints_one_rule_per_root_operation(
     status, out, _ = sudoers_cli(write_config(tmp_path, files, "adapter"), capsys)
     assert status == 0
     rules = [line for line in out.splitlines() if not line.startswith("#")]
+    alias = f"SSHADAPTER_{sudoers.namespace('adapter', 'local').upper()}_RESTART"
     assert rules == [
-        "Cmnd_Alias SSHADAPTER_RESTART = /usr/local/bin/root-echo ^restart "
+        f"Cmnd_Alias {alias} = /usr/local/bin/root-echo ^restart "
         "[abcdefghijklmnopqrstuvwxyz][0123456789_abcdefghijklmnopqrstuvwxyz-]{0,15}"
         "[.]service --mode=(fast|slow)$",
-        "Defaults!SSHADAPTER_RESTART env_reset, !setenv",
-        "adapter ALL = (root) NOPASSWD:NOEXEC: SSHADAPTER_RESTART",
+        f"Defaults!{alias} env_reset, !setenv",
+        f"adapter ALL = (root) NOPASSWD:NOEXEC: {alias}",
     ]
     registry_digest = cli_digest(tmp_path / "config.toml", capsys)
     assert f"# {registry_digest}: install both together." in out
+    assert f"# Install as {sudoers.install_path('adapter', 'local')}, owner root" in out
 
 
 def cli_digest(config: Path, capsys: pytest.CaptureFixture[str]) -> str:
@@ -224,29 +230,82 @@ def test_sudoers_check_proves_the_drop_in_with_real_sudo(
     assert status == 0, err
     assert "visudo -c: ok" in err
     assert set(sudoers.SUDOERS_DIR.iterdir()) == before  # the temporary rule is gone
-    proofs = sudoers.prove(out, login_account(), rules_of(tmp_path))
-    assert all(proof.ok for proof in proofs)
-    assert sum(proof.expected for proof in proofs) == 2  # shortest and longest examples
-    assert sum(not proof.expected for proof in proofs) >= 15
+    assert err.endswith(" answers as required, 0 diagnostic(s) of the installed sudoers\n")
+    proved = proof_of(out, rules_of(tmp_path, login_account()))
+    assert proved.ok
+    assert sum(proof.expected for proof in proved.proofs) == 2  # shortest and longest examples
+    assert sum(not proof.expected for proof in proved.proofs) >= 15
 
 
-def rules_of(root: Path) -> list[sudoers.Rule]:
+def rules_of(root: Path, account: str, target: str = "local") -> list[sudoers.Rule]:
     registry = load_registry(root / "commands", root / "schemas", hosts=HOSTS, dispatch_hosts=HOSTS)
-    return sudoers.rules(registry.operations.values())
+    return sudoers.rules(registry.operations.values(), account, target)
+
+
+def proof_of(text: str, found: list[sudoers.Rule], target: str = "local") -> sudoers.Proved:
+    """The proof of the drop-in of the login account on ``target``, as --check runs it."""
+    account = login_account()
+    return sudoers.prove(text, account, found, sudoers.install_path(account, target))
 
 
 def test_an_invalid_regex_passes_visudo_and_fails_the_proof(tmp_path: Path) -> None:
     """visudo -c accepts a rule whose expression never matches; the sudo -l proof does not."""
     require_sudo()
     registry = registry_of(tmp_path, {"restart": command_file(ECHO)})
-    found = sudoers.rules(registry.operations.values())
+    found = sudoers.rules(registry.operations.values(), login_account(), "local")
     text = sudoers.drop_in("local", login_account(), found, "sha256:-").replace(
         "(fast|slow)$", "(fast|slow$", 1
     )  # an unbalanced parenthesis: regcomp refuses it, visudo does not look
     passed, _ = sudoers.visudo_check(text)
     assert passed
-    proofs = sudoers.prove(text, login_account(), found)
-    assert [p.ok for p in proofs if p.expected] == [False, False]
+    proved = proof_of(text, found)
+    assert [p.ok for p in proved.proofs if p.expected] == [False, False]
+
+
+def test_sudoers_check_fails_on_what_sudo_says_of_the_whole_installed_sudoers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two old drop-ins defining one alias make sudo warn: --check fails, in one line."""
+    require_sudo()
+    config = write_config(tmp_path, {"restart": command_file(ECHO)}, login_account())
+    old = (
+        f"Cmnd_Alias SSHADAPTER_RESTART = {ECHO} ^restart$\n"
+        f"{login_account()} ALL = (root) NOPASSWD: SSHADAPTER_RESTART\n"
+    )
+    # The second's name holds ESC, a bidi override and a byte that is no UTF-8: sudo prints
+    # the name, the check shows it escaped.
+    with drop_ins_installed({"old-a": old, "old-b\x1b[2J\u202e\udcff": old}):
+        status, _, err = sudoers_cli(config, capsys, "--check")
+    lines = err.splitlines()
+    assert status == 1, err
+    assert len(lines) == 3 and lines[0].startswith("visudo -c: ok: ")
+    warned = re.fullmatch(
+        r'installed sudoers: (\S+):1:\d+: Alias "SSHADAPTER_RESTART" already defined', lines[1]
+    )
+    assert warned and warned[1].endswith("-old-b\\x1b[2J\\u202e\\xff"), lines[1]
+    assert re.fullmatch(r"sudo -l: (\d+) of \1 answers as required, 1 diagnostic\(s\) .*", lines[2])
+
+
+def test_sudoers_check_reads_its_installed_file_and_refuses_beside_another_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Installed as printed, --check proves it in place; installed with other text, one line."""
+    require_sudo()
+    config = write_config(tmp_path, {"restart": command_file(ECHO)}, login_account())
+    status, text, err = sudoers_cli(config, capsys)
+    assert status == 0, err
+    install = sudoers.install_path(login_account(), "local")
+    with installed_as(install, text):
+        status, _, err = sudoers_cli(config, capsys, "--check")
+        assert status == 0, err
+        assert " 0 diagnostic(s) of the installed sudoers" in err
+    with installed_as(install, text.replace("--mode=(fast|slow)", "--mode=(fast)")):
+        status, out, err = sudoers_cli(config, capsys, "--check")
+    assert (status, out) == (1, text)
+    assert err == (
+        f"sshadapter: sudoers --check: {install} holds other rules under this drop-in's names: "
+        "sudo would read both, so check before installing (or on a machine like the host)\n"
+    )
 
 
 def test_a_drop_in_visudo_rejects_fails_the_check(tmp_path: Path) -> None:
@@ -272,9 +331,35 @@ def sudo_host() -> Iterator[tuple[Sshd, Path, Any]]:
         sshd.authorize()
 
 
+@contextlib.contextmanager
+def drop_ins_installed(texts: dict[str, str]) -> Iterator[None]:
+    """Each drop-in (by a name of this run) in /etc/sudoers.d, 0440; all removed afterwards."""
+    with contextlib.ExitStack() as stack:
+        for name, text in texts.items():
+            path = sudoers.SUDOERS_DIR / f"sshadapter-test-{os.getpid()}-{name}"
+            stack.enter_context(installed_as(path, text))
+        yield
+
+
+@contextlib.contextmanager
+def installed_as(path: Path, text: str) -> Iterator[None]:
+    """``text`` as the new drop-in ``path``, 0440; removed afterwards."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o440)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)  # created 0440: sudo ignores a drop-in with any other mode
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
 @pytest.fixture
-def installed(sudo_host: tuple[Sshd, Path, Any], tmp_path: Path) -> Iterator[Any]:
-    """The dispatcher, the policy and the proved drop-in installed; removed afterwards."""
+def installed(
+    sudo_host: tuple[Sshd, Path, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> Iterator[Any]:
+    """The dispatcher and the policy of "local"; the drop-ins `sshadapter sudoers local`
+    prints for two configurations, the test's account and another, each proved by --check
+    with the one before installed, both installed side by side; removed afterwards."""
     sshd, root, log = sudo_host
     program = str(root / "root-echo")
     files = {
@@ -282,24 +367,20 @@ def installed(sudo_host: tuple[Sshd, Path, Any], tmp_path: Path) -> Iterator[Any
         "status": command_file(program, run_as=None).replace('"restart"', '"status"'),
     }
     registry = registry_of(tmp_path, files)
-    document = policy.host_policies(registry)["local"]
-    policy_file = write_policy(root / "policy.json", document)
+    policy_file = write_policy(root / "policy.json", policy.host_policies(registry)["local"])
     dispatch = install_dispatcher(root)
-    found = sudoers.rules(registry.operations.values())
-    text = sudoers.drop_in("local", sshd.user, found, document["digest"])
-    assert all(proof.ok for proof in sudoers.prove(text, sshd.user, found))
-    drop_in = sudoers.SUDOERS_DIR / f"sshadapter-test-{os.getpid()}"
-    with os.fdopen(os.open(drop_in, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o440), "w") as out:
-        out.write(text)  # created 0440: sudo ignores a drop-in with any other mode
-    try:
+    with contextlib.ExitStack() as stack:
+        for account in (sshd.user, OTHER_ACCOUNT):
+            config = write_config(tmp_path / account, files, account)
+            status, text, err = sudoers_cli(config, capsys, "--check")
+            assert status == 0, err
+            stack.enter_context(drop_ins_installed({account: text}))
         owner = "".join(f"{arg} " for arg in policy_owner_args())
         sshd.authorize(
             f'restrict,from="127.0.0.1",command="{dispatch} {owner}--log-socket '
             f'{root / "log"} {policy_file}"'
         )
         yield sshd, registry, program, log
-    finally:
-        drop_in.unlink(missing_ok=True)
 
 
 async def run_all(sshd: Sshd, commands: list[str]) -> list[asyncssh.SSHCompletedProcess]:
@@ -318,11 +399,22 @@ def test_the_declared_root_operation_runs_as_root_through_sshd_and_sudo(installe
     """The daemon's command for valid arguments runs the program as root with that argv."""
     sshd, registry, _, _ = installed
     op = registry.operations["restart"]
-    args = {"unit": "nginx.service", "mode": "slow"}
+    args = RESTART
     (result,) = asyncio.run(run_all(sshd, [op.command(args)]))
     assert result.exit_status == 0, result.stderr
     assert isinstance(result.stdout, str)
     assert json.loads(result.stdout) == {"uid": 0, "args": op.argv.argv(args)[6:]}
+
+
+def test_two_drop_ins_side_by_side_leave_sudo_silent(installed: Any) -> None:
+    """Drop-ins of two accounts side by side: a root call's stderr is empty, visudo -c clean.
+
+    Each has its own names, so sudo prints no `Alias ... already defined`."""
+    sshd, registry, _, _ = installed
+    (result,) = asyncio.run(run_all(sshd, [registry.operations["restart"].command(RESTART)]))
+    assert (result.exit_status, result.stderr) == (0, "")
+    whole = subprocess.run(["visudo", "-c"], capture_output=True, text=True, timeout=30)
+    assert (whole.returncode, whole.stderr) == (0, "")
 
 
 def quoted(argv: list[str]) -> str:
@@ -374,7 +466,7 @@ def test_sudoers_without_root_operations_or_programs_says_so_in_one_line(
     absent = write_config(tmp_path / "b", {"restart": command_file("/no/such/prog")}, "adapter")
     status, out, err = sudoers_cli(absent, capsys, "--check")
     assert status == 1
-    assert "Cmnd_Alias SSHADAPTER_RESTART = /no/such/prog ^restart" in out
+    assert "_RESTART = /no/such/prog ^restart" in out
     assert err.count("\n") == 1 and "/no/such/prog not on this machine" in err
 
 
@@ -395,7 +487,8 @@ def test_a_group_whose_members_log_in_as_two_accounts_gets_no_drop_in(
     assert "groups.both: members log in as adapter, other" in err
     config.write_text(config.read_text().replace('user = "other"', 'user = "adapter"'))
     assert cli_main(["sudoers", "both", "--config", str(config)]) == 0
-    assert "adapter ALL = (root) NOPASSWD:NOEXEC: SSHADAPTER_RESTART" in capsys.readouterr().out
+    alias = f"SSHADAPTER_{sudoers.namespace('adapter', 'both').upper()}_RESTART"
+    assert f"adapter ALL = (root) NOPASSWD:NOEXEC: {alias}" in capsys.readouterr().out
 
 
 def test_a_group_with_one_member_without_the_dispatcher_refuses_run_as(
