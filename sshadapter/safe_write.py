@@ -198,11 +198,13 @@ def _check_safe(path: Path, info: os.stat_result, key: str) -> None:
     """ConfigError unless the directory is the writer's (or root's) and nobody else's to write."""
     me = os.geteuid()
     if info.st_uid not in (me, 0):
+        trusted = describe_owner(me) if me == 0 else f"{describe_owner(me)} or root"
         raise ConfigError(
             str(path),
             key,
-            f"directory is owned by {describe_owner(info.st_uid)}, not by {describe_owner(me)} "
-            "or root: write into a directory of your own",
+            f"directory is owned by {describe_owner(info.st_uid)}, not by {trusted} (its "
+            "owner could plant a link under the name written): write into a directory of "
+            "your own",
         )
     if info.st_mode & UNSAFE_MODE_BITS:
         raise ConfigError(

@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 from daemon_harness import Running, with_daemon
+from test_audit import other_account
 from test_inventory import write
 
 from sshadapter.cli import main
@@ -125,16 +126,23 @@ def test_examples_refuse_a_directory_that_is_a_link(
     assert list(elsewhere.iterdir()) == []
 
 
+@pytest.mark.parametrize("shared", ["mode 0777", "another account's"])
 def test_examples_refuse_a_directory_others_can_write_to(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shared: str
 ) -> None:
-    """An empty DIR of mode 0777 (a link could be planted in it mid-write): one line, no file."""
+    """An empty DIR another account can write to (and plant a link in): one line, no file."""
     target = tmp_path / "shared"
     target.mkdir()
-    target.chmod(0o777)
+    if shared == "mode 0777":
+        target.chmod(0o777)
+        said = "directory mode 0777 lets other accounts write to it"
+    else:
+        nobody = other_account()
+        os.chown(target, nobody, -1)
+        said = f"directory is owned by nobody (uid {nobody}), not by "
     status, out, err = run(capsys, "examples", "--write", str(target))
     assert (status, out) == (2, "") and err.count("\n") == 1
-    assert err.startswith(f"sshadapter examples: {target}: --write: directory mode 0777 lets ")
+    assert err.startswith(f"sshadapter examples: {target}: --write: {said}")
     assert list(target.iterdir()) == []
 
 
