@@ -140,9 +140,8 @@ class TargetDirectory:
         name, then renamed onto it with ``overwrite`` (whatever was there, a link included,
         is replaced, never followed), else linked to it (refused if the name exists)."""
         path = self.path / name
-        temporary = self._temporary(name, mode)
+        temporary, fd = self._temporary(name, mode)
         try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._fd)
             self._fill(fd, data, mode, sync=True)
             if overwrite:
                 os.rename(temporary, name, src_dir_fd=self._fd, dst_dir_fd=self._fd)
@@ -159,19 +158,18 @@ class TargetDirectory:
         os.fsync(self._fd)  # the new name survives a crash
         return path
 
-    def _temporary(self, name: str, mode: int) -> str:
-        """An empty new file beside ``name``; its name does not end like ``name`` (a loader
-        globbing ``*.toml`` never reads a half-written file)."""
+    def _temporary(self, name: str, mode: int) -> tuple[str, int]:
+        """The name and descriptor of a new empty file beside ``name``; the name does not end
+        like ``name`` (a loader globbing ``*.toml`` never reads a half-written file)."""
         for _ in range(TEMPORARY_ATTEMPTS):
             temporary = f".{name}.{secrets.token_hex(6)}.tmp"
             try:
-                os.close(os.open(temporary, NEW_FILE_FLAGS, mode & 0o600, dir_fd=self._fd))
+                return temporary, os.open(temporary, NEW_FILE_FLAGS, mode & 0o600, dir_fd=self._fd)
             except FileExistsError:
                 continue
             except OSError as exc:
                 path = str(self.path / name)
                 raise ConfigError(path, self._key, f"cannot write: {exc.strerror}") from exc
-            return temporary
         raise ConfigError(str(self.path / name), self._key, "cannot make a temporary name")
 
     @staticmethod
