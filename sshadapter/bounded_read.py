@@ -19,6 +19,11 @@ and judged by ``fstat`` of that descriptor, so what is checked is what is read:
 
 Each kind of file has its own bound, a named constant beside its reader.
 Any failure is a ConfigError naming the file, the key and the reason.
+
+An operator's own files may be symlinks (a configuration kept elsewhere). A file
+read from a directory another account can write to (the daemon's quarantine,
+read by ``record`` as root) is read with ``follow=False``: ``lstat`` and
+``O_NOFOLLOW``, so a link planted there is refused, never read through.
 """
 
 from __future__ import annotations
@@ -42,14 +47,19 @@ class NotRegular(OSError):
         self.kind = kind
 
 
-def open_regular(path: Path) -> int:
+def open_regular(path: Path, *, follow: bool = True) -> int:
     """A descriptor of the regular file ``path``, opened without blocking, or OSError.
 
     ``stat`` first, so a device is never opened; then the opened descriptor is
-    checked, so what was checked is what is read. NotRegular for anything else.
+    checked, so what was checked is what is read. NotRegular for anything else,
+    a symlink too unless ``follow``.
     """
-    _refuse_special(os.stat(path).st_mode)
-    fd = os.open(path, OPEN_FLAGS)
+    if follow:
+        _refuse_special(os.stat(path).st_mode)
+        fd = os.open(path, OPEN_FLAGS)
+    else:
+        _refuse_special(os.lstat(path).st_mode)
+        fd = os.open(path, OPEN_FLAGS | os.O_NOFOLLOW)  # a link swapped in since: ELOOP
     try:
         _refuse_special(os.fstat(fd).st_mode)
     except BaseException:
@@ -58,17 +68,25 @@ def open_regular(path: Path) -> int:
     return fd
 
 
-def read_bounded(path: Path, max_bytes: int, *, key: str = "") -> bytes:
+def read_bounded(path: Path, max_bytes: int, *, key: str = "", follow: bool = True) -> bytes:
     """The bytes of the regular file ``path``, at most ``max_bytes``, or ConfigError."""
+    return read_with_mode(path, max_bytes, key=key, follow=follow)[0]
+
+
+def read_with_mode(
+    path: Path, max_bytes: int, *, key: str = "", follow: bool = True
+) -> tuple[bytes, int]:
+    """``read_bounded``, and the permission bits of the file read (a copy gets no more)."""
     file = str(path)
     try:
-        fd = open_regular(path)
+        fd = open_regular(path, follow=follow)
     except NotRegular as exc:
         raise ConfigError(file, key, str(exc)) from exc
     except OSError as exc:
         raise ConfigError(file, key, f"cannot read: {exc.strerror}") from exc
     try:
-        if os.fstat(fd).st_size > max_bytes:
+        info = os.fstat(fd)
+        if info.st_size > max_bytes:
             raise ConfigError(file, key, f"larger than {max_bytes} bytes")
         chunks: list[bytes] = []
         left = max_bytes + 1  # one byte more tells a file that grew past the bound
@@ -84,7 +102,7 @@ def read_bounded(path: Path, max_bytes: int, *, key: str = "") -> bytes:
         os.close(fd)
     if left <= 0:
         raise ConfigError(file, key, f"larger than {max_bytes} bytes")
-    return b"".join(chunks)
+    return b"".join(chunks), stat.S_IMODE(info.st_mode)
 
 
 def _refuse_special(mode: int) -> None:
@@ -99,5 +117,6 @@ def _kind(mode: int) -> str:
         (stat.S_ISCHR, "a character device"),
         (stat.S_ISBLK, "a block device"),
         (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symlink"),
     )
     return next((name for test, name in kinds if test(mode)), "not a file")

@@ -450,7 +450,7 @@ def _cmd_examples(args: argparse.Namespace) -> int:
 
     try:
         written = write_examples(args.write)
-    except (ExamplesMissing, OSError) as exc:
+    except (ExamplesMissing, OSError, ConfigError) as exc:
         print(f"sshadapter examples: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {' '.join(written)} to {args.write}")
@@ -531,7 +531,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
     """A fixture case from a quarantined rejection or a captured output (docs/fixtures.md)."""
     from datetime import UTC, datetime
 
-    from sshadapter.bounded_read import read_bounded
+    from sshadapter.bounded_read import read_with_mode
     from sshadapter.check import record
     from sshadapter.check.fixtures import MAX_RECORDED_BYTES
     from sshadapter.contract.rfc3339 import format_rfc3339, parse_rfc3339
@@ -545,9 +545,12 @@ def _cmd_record(args: argparse.Namespace) -> int:
         else:
             if args.stdout is None:
                 raise record.RecordError("--tool needs --stdout FILE (and --args, --exit-status)")
-            stderr = read_bounded(args.stderr, MAX_RECORDED_BYTES) if args.stderr else b""
-            stdout = read_bounded(args.stdout, MAX_RECORDED_BYTES)
-            found = _Found(args.tool, None, stdout, stderr, args.exit_status, None, None)
+            stdout, mode = read_with_mode(args.stdout, MAX_RECORDED_BYTES)
+            stderr = b""
+            if args.stderr:
+                stderr, stderr_mode = read_with_mode(args.stderr, MAX_RECORDED_BYTES)
+                mode &= stderr_mode
+            found = _Found(args.tool, None, stdout, stderr, args.exit_status, None, None, mode)
         op = registry.get(found.tool)
         if op is None:
             raise record.RecordError(f"no tool {found.tool[:64]!r} in {registry_dir(registry)}")
@@ -573,7 +576,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
             "now": now_text,
             "expect": expect,
         }
-        written = record.write_case(op, args.case, document, found.stdout, found.stderr)
+        written = record.write_case(op, args.case, document, found.stdout, found.stderr, found.mode)
     except (record.RecordError, ValueError) as exc:
         print(f"sshadapter: record: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -596,18 +599,23 @@ class _Found:
         exit_status: int,
         time: str | None,
         decided: dict[str, Any] | None,
+        mode: int,
     ) -> None:
         self.tool, self.command, self.time, self.decided = tool, command, time, decided
         self.stdout, self.stderr, self.exit_status = stdout, stderr, exit_status
+        self.mode = mode  # the permission bits of the files read: the case gets no more
 
 
 def _quarantined(config: Config, request_id: str, host: str | None) -> _Found:
     """The last quarantined attempt of a call (of ``host``, for a fan-out), its bytes read
-    back from the quarantine and checked against the sha256 its result record holds."""
+    back from the quarantine and checked against the sha256 its result record holds.
+
+    The quarantine is the daemon account's directory: a file there is read only if it is
+    a regular file itself, never through a link that account could have planted."""
     import hashlib
     import re
 
-    from sshadapter.bounded_read import read_bounded
+    from sshadapter.bounded_read import read_with_mode
     from sshadapter.check.fixtures import MAX_RECORDED_BYTES
     from sshadapter.check.record import RecordError
     from sshadapter.daemon.audit_show import REQUEST_ID
@@ -646,6 +654,7 @@ def _quarantined(config: Config, request_id: str, host: str | None) -> _Found:
         raise RecordError("outputs of several hosts were quarantined: choose one with --host")
     _, row, attempt = kept[-1]
     streams: dict[str, bytes] = {}
+    mode = 0o777
     for stream in ("stdout", "stderr"):
         name = attempt["quarantine"].get(stream)
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,200}", name):
@@ -656,7 +665,8 @@ def _quarantined(config: Config, request_id: str, host: str | None) -> _Found:
                 f"{path} is no longer in the quarantine (removed past quarantine_max_bytes, "
                 "or by hand): record it with --tool and --stdout from a new capture"
             )
-        data = read_bounded(path, MAX_RECORDED_BYTES)
+        data, file_mode = read_with_mode(path, MAX_RECORDED_BYTES, follow=False)
+        mode &= file_mode
         if hashlib.sha256(data).hexdigest() != attempt.get(f"{stream}_sha256"):
             raise RecordError(f"{path}: not the bytes its result record names (sha256 differs)")
         streams[stream] = data
@@ -674,6 +684,7 @@ def _quarantined(config: Config, request_id: str, host: str | None) -> _Found:
         status if isinstance(status, int) else 0,
         result.get("time") if isinstance(result.get("time"), str) else None,
         decided,
+        mode,
     )
 
 
@@ -996,19 +1007,14 @@ def _cmd_sudoers(args: argparse.Namespace) -> int:
 
 
 def _cmd_dispatcher(args: argparse.Namespace) -> int:
-    """Write the host's dispatcher (one stdlib-only file) to PATH, mode 0755."""
+    """Write the host's dispatcher (one stdlib-only file) to PATH, mode 0755, whole: an old
+    one (or a link) there is replaced, never written through (sshadapter/safe_write.py)."""
     from sshadapter.dispatch import policy
+    from sshadapter.safe_write import TargetDirectory
 
-    source = policy.dispatcher_source()
     path: Path = args.write
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o755)
-        with os.fdopen(fd, "wb") as out:
-            out.write(source)
-            os.fchmod(out.fileno(), 0o755)  # also when it existed with another mode
-    except OSError as exc:
-        print(f"sshadapter: {path}: {exc.strerror}", file=sys.stderr)
-        return EXIT_USAGE
+    with TargetDirectory.open(path.parent, key="--write") as out:
+        out.publish(path.name, policy.dispatcher_source(), 0o755, overwrite=True)
     return EXIT_OK
 
 

@@ -9,9 +9,11 @@ operator to install. Standard library only: ``--help`` names the docs from here.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from sshadapter.safe_write import TargetDirectory
 
 # The directories and files an installed copy carries, the same names as
 # pyproject.toml's sshadapter.examples.* packages (tests/test_package.py checks both).
@@ -25,6 +27,7 @@ SHIPPED_FILES: Final = (
 )
 # The directories without which there is no demo and no example to install.
 REQUIRED: Final = ("commands", "schemas")
+FILE_MODE: Final = 0o644  # the examples are public text, read by whoever installs them
 
 _PACKAGE: Final = Path(__file__).resolve().parent
 CHECKOUT: Final = _PACKAGE.parent
@@ -59,21 +62,37 @@ def docs_location() -> str:
 def write_examples(target: Path) -> list[str]:
     """Copy the shipped files into ``target`` (new or empty); the names written, sorted.
 
-    Never overwrites: an operator's edited copy is not replaced by the examples.
+    Never overwrites: an operator's edited copy is not replaced by the examples. Written
+    through sshadapter/safe_write.py: ``target`` is created, or must be the writer's own
+    and writable by nobody else, and nothing is written through a link; the files are
+    public text, 0644.
     """
+    from sshadapter.safe_write import TargetDirectory
+
     source = examples_root()
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise FileExistsError(f"{target} exists and is not an empty directory")
-    target.mkdir(parents=True, exist_ok=True)
-    written: list[str] = []
-    for name in SHIPPED_DIRECTORIES:
-        if (source / name).is_dir():
-            shutil.copytree(
-                source / name, target / name, ignore=shutil.ignore_patterns("__pycache__")
-            )
-            written.append(f"{name}/")
-    for name in SHIPPED_FILES:
-        if (source / name).is_file():
-            shutil.copyfile(source / name, target / name)
-            written.append(name)
+    with TargetDirectory.open(target, key="--write", create=True) as out:
+        if out.names():
+            raise FileExistsError(f"{target} exists and is not an empty directory")
+        written: list[str] = []
+        for name in SHIPPED_DIRECTORIES:
+            if (source / name).is_dir():
+                with out.subdirectory(name) as copy:
+                    _copy_tree(source / name, copy)
+                written.append(f"{name}/")
+        for name in SHIPPED_FILES:
+            if (source / name).is_file():
+                out.create(name, (source / name).read_bytes(), FILE_MODE)
+                written.append(name)
     return sorted(written)
+
+
+def _copy_tree(source: Path, out: TargetDirectory) -> None:
+    """Each file and directory under ``source`` made anew in ``out`` (bytecode caches left)."""
+    for entry in sorted(source.iterdir()):
+        if entry.name == "__pycache__":
+            continue
+        if entry.is_dir():
+            with out.subdirectory(entry.name) as copy:
+                _copy_tree(entry, copy)
+        else:
+            out.create(entry.name, entry.read_bytes(), FILE_MODE)

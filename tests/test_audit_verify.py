@@ -246,6 +246,20 @@ def test_a_fifo_in_the_trail_is_refused_not_waited_on(tmp_path: Path) -> None:
     assert done.stderr == f"sshadapter: {fifo}: not a regular file\n"
 
 
+def test_a_link_in_the_trail_is_refused_not_read_through(
+    tmp_path: Path, real_trail: list[bytes]
+) -> None:
+    """A rotated sibling that is a link to a file elsewhere (a valid trail, even): one line."""
+    write(tmp_path / "audit.jsonl", real_trail[2:])
+    elsewhere = tmp_path / "outside" / "older.jsonl"
+    elsewhere.parent.mkdir()
+    write(elsewhere, real_trail[:2])
+    (tmp_path / "audit.jsonl.1").symlink_to(elsewhere)
+    done = run_verify(str(tmp_path / "audit.jsonl"))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"sshadapter: {tmp_path / 'audit.jsonl.1'}: not a regular file\n"
+
+
 def test_a_corrupt_gzip_sibling_is_one_line(tmp_path: Path, real_trail: list[bytes]) -> None:
     """A rotated .gz that is not gzip: exit 2, one line naming it and the reason."""
     write(tmp_path / "audit.jsonl", real_trail)

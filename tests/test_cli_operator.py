@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 from daemon_harness import Running, with_daemon
+from test_audit import other_account
 from test_inventory import write
 
 from sshadapter.cli import main
@@ -86,6 +87,82 @@ def test_examples_refuses_a_directory_that_is_not_empty(
     status, out, err = run(capsys, "examples", "--write", str(tmp_path))
     assert (status, out) == (2, "") and err.count("\n") == 1
     assert (tmp_path / "keep").read_text() == "mine\n"
+
+
+def planted(tmp_path: Path) -> Path:
+    """A root-only file outside the directory written to: what a planted link points at."""
+    secret = tmp_path / "outside" / "secret"
+    secret.parent.mkdir()
+    secret.write_text("root only\n")
+    secret.chmod(0o600)
+    return secret
+
+
+def test_examples_never_write_through_a_link_planted_in_the_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A link named like a file it writes (LICENSE): refused in one line, its target unchanged."""
+    secret = planted(tmp_path)
+    target = tmp_path / "examples"
+    target.mkdir()
+    (target / "LICENSE").symlink_to(secret)
+    status, out, err = run(capsys, "examples", "--write", str(target))
+    assert (status, out) == (2, "")
+    assert err == f"sshadapter examples: {target} exists and is not an empty directory\n"
+    assert secret.read_text() == "root only\n"
+
+
+def test_examples_refuse_a_directory_that_is_a_link(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """DIR a link to an empty directory elsewhere: one line, nothing written there."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    target = tmp_path / "examples"
+    target.symlink_to(elsewhere)
+    status, out, err = run(capsys, "examples", "--write", str(target))
+    assert (status, out) == (2, "")
+    assert err == f"sshadapter examples: {target}: --write: is a symlink: give the real directory\n"
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("shared", ["mode 0777", "another account's"])
+def test_examples_refuse_a_directory_others_can_write_to(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], shared: str
+) -> None:
+    """An empty DIR another account can write to (and plant a link in): one line, no file."""
+    target = tmp_path / "shared"
+    target.mkdir()
+    if shared == "mode 0777":
+        target.chmod(0o777)
+        said = "directory mode 0777 lets other accounts write to it"
+    else:
+        nobody = other_account()
+        os.chown(target, nobody, -1)
+        said = f"directory is owned by nobody (uid {nobody}), not by "
+    status, out, err = run(capsys, "examples", "--write", str(target))
+    assert (status, out) == (2, "") and err.count("\n") == 1
+    assert err.startswith(f"sshadapter examples: {target}: --write: {said}")
+    assert list(target.iterdir()) == []
+
+
+def test_examples_write_public_files_into_a_new_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new DIR: made 0755 with parents, every file 0644 whatever the umask, nothing else."""
+    target = tmp_path / "new" / "examples"
+    old_umask = os.umask(0o002)  # a umask that would leave group write on what it makes
+    try:
+        status, out, _ = run(capsys, "examples", "--write", str(target))
+    finally:
+        os.umask(old_umask)
+    assert status == 0 and out.startswith("wrote CHANGELOG.md LICENSE ")
+    assert target.stat().st_mode & 0o777 == 0o755
+    files = [p for p in target.rglob("*") if p.is_file()]
+    assert (target / "LICENSE") in files and (target / "commands" / "load_average.toml") in files
+    assert {p.stat().st_mode & 0o777 for p in files} == {0o644}
+    assert {p.stat().st_mode & 0o777 for p in target.rglob("*") if p.is_dir()} == {0o755}
+    assert not any(p.is_symlink() for p in target.rglob("*"))
 
 
 @pytest.mark.parametrize(

@@ -1034,6 +1034,28 @@ def test_sshadapter_dispatcher_writes_the_file_0755(tmp_path: Path) -> None:
     assert cli_main(["dispatcher", "--write", str(tmp_path / "no" / "dir")]) == 2
 
 
+def test_sshadapter_dispatcher_replaces_a_planted_link_and_refuses_a_shared_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hard link at PATH is replaced, its file unchanged; a shared directory: one line, exit 2."""
+    secret = tmp_path / "secret"
+    secret.write_text("root only\n")
+    secret.chmod(0o600)
+    target = tmp_path / "sshadapter-dispatch"
+    os.link(secret, target)
+    assert cli_main(["dispatcher", "--write", str(target)]) == 0
+    assert target.read_bytes() == policy.dispatcher_source()
+    assert secret.read_text() == "root only\n" and secret.stat().st_mode & 0o777 == 0o600
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    capsys.readouterr()
+    assert cli_main(["dispatcher", "--write", str(shared / "sshadapter-dispatch")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sshadapter: {shared}: --write: directory mode 0777 lets ")
+    assert err.count("\n") == 1 and list(shared.iterdir()) == []
+
+
 def test_an_allowed_call_imports_no_json_re_enum_or_os(tmp_path: Path) -> None:
     """An allowed call and the digest answer import only builtin and C modules (start-up)."""
     local_policy = write_policy(

@@ -341,6 +341,35 @@ def test_an_existing_file_is_kept_and_bad_input_is_one_line(
     assert len(done.stderr.splitlines()) == 1
 
 
+def test_the_inventory_is_never_written_through_a_link_or_into_a_shared_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A shared directory: one line, none written; --force replaces a planted link, not its file."""
+    pins = known_hosts(tmp_path, f"10.0.*,192.0.2.50 {public_key()}")
+    directory = tmp_path / "inventory.d"
+    directory.mkdir()
+    directory.chmod(0o777)
+    status, err, target = import_ansible(tmp_path, EXPORT, pins, capsys)
+    assert status == 2 and err.count("\n") == 1
+    assert err.startswith(f"sshadapter: {directory}: --write: directory mode 0777 lets ")
+    assert list(directory.iterdir()) == []
+    directory.chmod(0o755)
+    secret = tmp_path / "secret"
+    secret.write_text("root only\n")
+    secret.chmod(0o600)
+    target.symlink_to(secret)
+    status, err, _ = import_ansible(tmp_path, EXPORT, pins, capsys)
+    assert (status, err) == (
+        2,
+        f"sshadapter: {target}: --write: exists (give --force to replace it)\n",
+    )
+    status, _, _ = import_ansible(tmp_path, EXPORT, pins, capsys, "--force")
+    assert status == 0 and not target.is_symlink() and target.stat().st_mode & 0o777 == 0o644
+    assert "db1" in tomllib.loads(target.read_text())["hosts"]
+    assert secret.read_text() == "root only\n"
+    assert sorted(directory.iterdir()) == [target]  # no temporary file left behind
+
+
 @pytest.mark.skipif(not ANSIBLE_INVENTORY.exists(), reason="ansible-inventory is not cached here")
 def test_real_ansible_inventory_output_imports(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -32,6 +32,7 @@ LEAVES = frozenset(
         ".client",
         ".shipped",
         ".shown",
+        ".safe_write",
     )
 )
 # What each part may import besides itself and the leaves. The seam's value type

@@ -167,6 +167,65 @@ def test_record_of_a_quarantine_entry_gone_is_one_line(day: tuple[Path, dict[str
     assert not (config.parent / "commands" / "job_run_status.fixtures").exists()
 
 
+def test_record_refuses_a_link_planted_in_the_quarantine(
+    day: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """A quarantined file swapped for a link to a 0600 file elsewhere: one line, nothing written.
+
+    The link's target holds the very bytes the record names, so only the link gives it away."""
+    config, ids = day
+    secret = tmp_path / "outside" / "secret"
+    secret.parent.mkdir()
+    secret.write_bytes(BAD_OUT)
+    secret.chmod(0o600)
+    planted = config.parent / "quarantine" / f"{ids['rejected']}.1.stdout"
+    planted.unlink()
+    planted.symlink_to(secret)
+    done = cli("record", "stolen", "--request", ids["rejected"], "--config", str(config))
+    assert done.returncode != 0 and done.stdout == ""
+    assert one_line(done) == f"sshadapter: {planted}: not a regular file (a symlink)\n"
+    assert not (config.parent / "commands" / "job_run_status.fixtures").exists()
+
+
+def test_record_refuses_a_fixtures_directory_that_is_a_link(
+    day: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """The case's directory a link to another directory: one line, nothing written there."""
+    config, ids = day
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    fixtures = config.parent / "commands" / "job_run_status.fixtures"
+    fixtures.symlink_to(elsewhere)
+    done = cli("record", "sideways", "--request", ids["rejected"], "--config", str(config))
+    assert done.returncode != 0 and done.stdout == ""
+    assert one_line(done) == (
+        f"sshadapter: {fixtures}: fixtures: is a symlink: give the real directory\n"
+    )
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_recorded_files_get_no_more_permission_than_their_source(
+    day: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    """From the quarantine (0600): 0600 files; from a captured 0640 file: 0640, never 0644."""
+    config, ids = day
+    done = cli("record", "private", "--request", ids["rejected"], "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    fixtures = config.parent / "commands" / "job_run_status.fixtures"
+    written = sorted(fixtures.glob("private.*"))
+    assert len(written) == 3 and {p.stat().st_mode & 0o777 for p in written} == {0o600}
+    captured = tmp_path / "out.json"
+    captured.write_bytes(orjson.dumps(JOB_OUT))
+    captured.chmod(0o640)
+    done = cli(
+        "record", "captured", "--tool", "job_run_status", "--stdout", str(captured),
+        "--args", "project_id=bluebird", "--config", str(config),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    written = sorted(fixtures.glob("captured.*"))
+    assert len(written) == 2 and {p.stat().st_mode & 0o777 for p in written} == {0o640}
+
+
 def test_record_a_captured_output_with_its_arguments(
     day: tuple[Path, dict[str, str]], tmp_path: Path
 ) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,12 +32,14 @@ from sshadapter.check.import_sources import DEFAULT_SSH_PORT, Host, Source, targ
 from sshadapter.config import LABEL_WORD, TARGET_NAME, HostDefaults
 from sshadapter.errors import ConfigError
 from sshadapter.inventory import MAX_VIA_HOPS
+from sshadapter.safe_write import TargetDirectory, check_directory
 
 # The daemon reads known_hosts with the same cap (runners/ssh/dial.py MAX_KNOWN_HOSTS_BYTES).
 MAX_KNOWN_HOSTS_BYTES: Final = 4 * 1024 * 1024
 # A DNS name (253 characters at most), an IPv4 address, or an IPv6 address with its zone:
 # nothing a source could smuggle into a path, an option or a TOML string.
 ADDRESS: Final = re.compile(r"[A-Za-z0-9._:%-]{1,253}")
+INVENTORY_MODE: Final = 0o644  # for review, like the configuration: no secrets in it
 
 
 @dataclass
@@ -260,50 +261,25 @@ def _value(value: Any) -> str:
 def check_target(path: Path, *, force: bool) -> None:
     """``--write``: an inventory file name in a directory, new unless ``force``; or ConfigError.
 
-    Checked before the sources are read, and again just before writing."""
+    Checked before the sources are read, and again when writing."""
     file = str(path)
     if path.suffix != ".toml":
         raise ConfigError(file, "--write", "an inventory file name ends in .toml")
     if not path.parent.is_dir():
         raise ConfigError(file, "--write", f"{path.parent} is not a directory")
-    if path.exists() and not force:
+    check_directory(path.parent, key="--write")
+    if os.path.lexists(path) and not force:
         raise ConfigError(file, "--write", "exists (give --force to replace it)")
 
 
 def write_new(path: Path, text: str, *, force: bool) -> None:
-    """``text`` to ``path`` all at once (a temporary file, then a rename); an existing file
-    stays unless ``force``. The temporary name does not end in .toml: the loader never
-    sees a half-written file."""
-    file = str(path)
+    """``text`` to ``path`` all at once (sshadapter/safe_write.py: never through a link,
+    only into a directory nobody else can write to); an existing file stays unless
+    ``force``. The temporary name does not end in .toml: the loader never sees a
+    half-written file."""
     check_target(path, force=force)
-    try:
-        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise ConfigError(file, "--write", f"cannot write: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fchmod(out.fileno(), 0o644)  # for review, like the configuration: no secrets
-            os.fsync(out.fileno())
-        if force:
-            os.replace(temporary, path)
-        else:
-            os.link(temporary, path)  # fails if the file appeared since: never clobbered
-            os.unlink(temporary)
-    except OSError as exc:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise ConfigError(file, "--write", f"cannot write: {exc.strerror}") from None
-    _sync_directory(path.parent)
-
-
-def _sync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with TargetDirectory.open(path.parent, key="--write") as out:
+        out.publish(path.name, text.encode(), INVENTORY_MODE, overwrite=force)
 
 
 def check_user(user: str) -> None:

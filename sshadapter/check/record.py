@@ -4,7 +4,10 @@ Reference: docs/fixtures.md "Recording a case". The bytes come from the quaranti
 rejected output, found through its result record) or from a file the operator captured;
 the call's arguments are the ones that rebuild the recorded command exactly; the
 expectation is the one the operator confirms (by default what the daemon decided). A
-case is written once: an existing case of that name is never replaced.
+case is written once: an existing case of that name is never replaced, and never through a
+link (sshadapter/safe_write.py). Its files get no more permission than the bytes they copy:
+a quarantined output (0600, it may hold secrets) gives 0600 files, for the operator to
+review before widening.
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ from sshadapter.contract.evaluate import evaluate
 from sshadapter.contract.registry import Operation
 from sshadapter.errors import EvidenceError, RequestError
 from sshadapter.runners.interface import RunResult
+from sshadapter.safe_write import TargetDirectory
 
 CASE_NAME: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")  # a file stem anyone can type
-FILE_MODE: Final = 0o644  # fixtures are reviewed and committed beside the command file
+# Fixtures are reviewed and committed beside the command file: readable by all at most,
+# and no more than the file they were copied from.
+FILE_MODE: Final = 0o644
 
 
 class RecordError(Exception):
@@ -132,27 +138,25 @@ def write_case(
     document: Mapping[str, Any],
     stdout: bytes,
     stderr: bytes,
+    source_mode: int,
 ) -> list[Path]:
     """Write ``<case>.stdout``, ``.stderr`` (when not empty) and ``.case.json`` beside the
-    command file; refuse when any of them exists. Returns the files written."""
+    command file, with ``FILE_MODE`` cut to ``source_mode`` (the permission bits of the
+    bytes copied); refuse when any of them exists. Returns the files written."""
     if not CASE_NAME.fullmatch(case):
         raise RecordError(f"case {case[:40]!r}: lower-case letters, digits, - and _ (63 at most)")
     directory = fixture_dir(op)
-    files = {directory / f"{case}.stdout": stdout}
+    files = {f"{case}.stdout": stdout}
     if stderr:
-        files[directory / f"{case}.stderr"] = stderr
-    files[directory / f"{case}.case.json"] = orjson.dumps(
+        files[f"{case}.stderr"] = stderr
+    files[f"{case}.case.json"] = orjson.dumps(
         document, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE
     )
-    for path in (*files, directory / f"{case}.stderr"):
-        if os.path.lexists(path):
-            raise RecordError(f"{path} exists: choose another case name (nothing was written)")
-    try:
-        directory.mkdir(exist_ok=True)
-        for path, data in files.items():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-    except OSError as exc:
-        raise RecordError(f"{exc.filename}: {exc.strerror}") from exc
-    return list(files)
+    for name in (*files, f"{case}.stderr"):
+        if os.path.lexists(directory / name):
+            raise RecordError(
+                f"{directory / name} exists: choose another case name (nothing was written)"
+            )
+    mode = FILE_MODE & source_mode
+    with TargetDirectory.open(directory, key="fixtures", create=True) as target:
+        return [target.create(name, data, mode) for name, data in files.items()]

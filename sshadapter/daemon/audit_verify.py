@@ -249,9 +249,12 @@ def _lines(paths: Iterable[Path], report: Report) -> Iterator[tuple[str, bytes]]
 
 
 def _open(path: Path) -> IO[bytes]:
-    """Open a regular file of the trail for reading (a FIFO put in its place must not hang)."""
+    """Open a regular file of the trail for reading (a FIFO put in its place must not hang).
+
+    Never through a link: the daemon writes none (audit.path may not be one), and the
+    directory is its account's, so a link there was planted and may name any file."""
     try:
-        fd = open_regular(path)
+        fd = open_regular(path, follow=False)
     except NotRegular as exc:
         raise UnreadableTrail(path, "not a regular file") from exc
     except OSError as exc:

@@ -11,21 +11,14 @@ it found and the fix (docs/audit.md "Files").
 from __future__ import annotations
 
 import os
-import pwd
 import stat
 from pathlib import Path
 from typing import Final
 
 from sshadapter.errors import ConfigError
+from sshadapter.safe_write import describe_owner
 
 DIR_MODE: Final = 0o700  # directories the daemon creates for its private files
-
-
-def describe_owner(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
 
 
 def check_private(path: Path, info: os.stat_result, *, key: str, kind: str) -> None:
