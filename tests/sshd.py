@@ -374,6 +374,7 @@ class FaultServer:
         self.accepted = 0  # connections accepted so far
         self.closed_by_client: list[str] = []
         """Commands whose channel the client closed while the server still held it open."""
+        self.never_closed = 0  # channels of never-close: left open for good
         host_key = asyncssh.generate_private_key("ssh-ed25519")
         client_key = asyncssh.generate_private_key("ssh-ed25519")
         self.client_key = workdir / "fault_client_key"
@@ -388,6 +389,11 @@ class FaultServer:
         self._thread: threading.Thread | None = None
         self._connections: set[asyncssh.SSHServerConnection] = set()
         self._error: BaseException | None = None
+
+    @property
+    def open_connections(self) -> int:
+        """Connections accepted and not closed yet, by either side."""
+        return sum(not conn.is_closed() for conn in list(self._connections))
 
     def host_section(self, **overrides: Any) -> HostSection:
         fields: dict[str, Any] = {
@@ -523,6 +529,15 @@ class FaultServer:
                 await process.channel.wait_closed()  # closed by the client
                 self.closed_by_client.append(process.command or "")
                 return
+            elif verb == "never-close":  # like no-close, and not even the client's close
+                # is answered: the channel stays half-closed until the connection goes.
+                process.channel._close_send = _discard_close  # type: ignore[method-assign]
+                process.stdout.write(" ".join(args).encode() + b"\n")
+                process.channel.write_eof()
+                _send_exit_status(process, 0)
+                self.never_closed += 1
+                await process.channel.wait_closed()  # only when the connection closes
+                return
             else:
                 process.stderr.write(b"unknown fault command\n")
                 status = 127
@@ -545,6 +560,10 @@ class FaultServer:
             stream.write(piece)
             await stream.drain()
             self.flood_bytes_written += len(piece)
+
+
+def _discard_close() -> None:
+    """A channel's CHANNEL_CLOSE, never sent (asyncssh's ``_close_send`` replaced)."""
 
 
 def _send_exit_status(process: asyncssh.SSHServerProcess[bytes], status: int) -> None:
