@@ -27,10 +27,11 @@ import asyncssh
 
 MAX_PACKET_BYTES: Final = 32 * 1024  # one data packet: all we ever hold beyond a cap
 ABORT_SIGNAL: Final = "KILL"  # sshd keeps a closed session (a MaxSessions slot) until it exits
-# How long after our CHANNEL_CLOSE the host's may take before the channel counts as unclosed.
-# sshd answers a close at once for a command that has exited (EOF and exit status seen) and
-# within milliseconds of the KILL for one that had not: a second is many round trips, and
-# stays below the shortest command timeout, so a caller waiting for the slot gets it in time.
+# How long after our CHANNEL_CLOSE the host's may take before the channel counts as unclosed
+# and its slot goes back. sshd answers a close at once for a command that has exited (EOF and
+# exit status seen), and within milliseconds of the KILL for one that had not: a second is
+# many round trips, and a tenth of the default timeout_seconds (10 s), so a call waiting for
+# a slot of a host that never closes still gets one within its timeout.
 UNCLOSED_AFTER_SECONDS: Final = 1.0
 
 
