@@ -56,7 +56,7 @@ FLOOD_BOUND_SECONDS = 5.0  # a 100 MB flood must be cut at the 1 KiB cap, not re
 # Calls on a host that never closes a channel: well past the ~36 (6 connections x 6 channels)
 # after which every call used to fail UPSTREAM_UNAVAILABLE.
 UNCLOSED_CALLS = 100
-UNCLOSED_AT_ONCE = 4  # calls in flight together: some are on a connection as it is retired
+UNCLOSED_AT_ONCE = 4  # calls in flight together, as an agent's parallel calls would be
 UNCLOSED_IDLE_CLOSE_SECONDS = 2.0  # past session.UNCLOSED_AFTER_SECONDS: then slots are back
 FAULT_TEXT = (b"yyyy", b"xxxx", b"unknown fault command")  # what the fault server writes
 
