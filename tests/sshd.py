@@ -374,6 +374,8 @@ class FaultServer:
         self.accepted = 0  # connections accepted so far
         self.closed_by_client: list[str] = []
         """Commands whose channel the client closed while the server still held it open."""
+        self.never_closed = 0  # channels of never-close: left open for good
+        self.held = 0  # never-close-held commands waiting for release_held()
         host_key = asyncssh.generate_private_key("ssh-ed25519")
         client_key = asyncssh.generate_private_key("ssh-ed25519")
         self.client_key = workdir / "fault_client_key"
@@ -385,9 +387,15 @@ class FaultServer:
         self.known_hosts = workdir / "fault_known_hosts"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
+        self._release: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
         self._connections: set[asyncssh.SSHServerConnection] = set()
         self._error: BaseException | None = None
+
+    @property
+    def open_connections(self) -> int:
+        """Connections accepted and not closed yet, by either side."""
+        return sum(not conn.is_closed() for conn in list(self._connections))
 
     def host_section(self, **overrides: Any) -> HostSection:
         fields: dict[str, Any] = {
@@ -415,6 +423,11 @@ class FaultServer:
         if self._thread is not None:
             self._thread.join(STOP_TIMEOUT_SECONDS)
 
+    def release_held(self) -> None:
+        """Let every never-close-held command answer, now and from now on."""
+        if self._loop is not None and self._release is not None:
+            self._loop.call_soon_threadsafe(self._release.set)
+
     def drop_connections(self) -> None:
         """Abort every server-side connection: the client's pooled ones go stale."""
         if self._loop is not None:
@@ -438,6 +451,7 @@ class FaultServer:
     async def _main(self, ready: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        self._release = asyncio.Event()
         server = self
 
         class Tracking(asyncssh.SSHServer):
@@ -523,6 +537,19 @@ class FaultServer:
                 await process.channel.wait_closed()  # closed by the client
                 self.closed_by_client.append(process.command or "")
                 return
+            elif verb in {"never-close", "never-close-held"}:  # like no-close, and not even
+                # the client's close is answered: the channel stays half-closed until the
+                # connection goes. -held answers only after release_held().
+                if verb == "never-close-held" and self._release is not None:
+                    self.held += 1
+                    await self._release.wait()
+                process.channel._close_send = _discard_close  # type: ignore[method-assign]
+                process.stdout.write(" ".join(args).encode() + b"\n")
+                process.channel.write_eof()
+                _send_exit_status(process, 0)
+                self.never_closed += 1
+                await process.channel.wait_closed()  # only when the connection closes
+                return
             else:
                 process.stderr.write(b"unknown fault command\n")
                 status = 127
@@ -545,6 +572,10 @@ class FaultServer:
             stream.write(piece)
             await stream.drain()
             self.flood_bytes_written += len(piece)
+
+
+def _discard_close() -> None:
+    """A channel's CHANNEL_CLOSE, never sent (asyncssh's ``_close_send`` replaced)."""
 
 
 def _send_exit_status(process: asyncssh.SSHServerProcess[bytes], status: int) -> None:

@@ -28,8 +28,9 @@ from daemon_harness import Running, with_daemon
 from sshd import FaultServer, running_fault_server, write_known_hosts
 from test_crash import start_daemon
 
-from sshadapter.config import HostSection
+from sshadapter.config import DEFAULT_HOST_MAX_CONNECTIONS, HostSection, PoolSection
 from sshadapter.daemon import offload, systemd
+from sshadapter.daemon.audit_verify import verify
 from sshadapter.daemon.offload import MAX_POOL_FAILURES, WORKER_EXIT_GRACE_SECONDS, Judge, Judged
 from sshadapter.daemon.server import CUT_GRACE_SECONDS
 from sshadapter.runners.ssh.runner import SshRunner
@@ -43,6 +44,7 @@ VERBS = [
     "flood-stderr",
     "echo",
     "exit",
+    "never-close",
     "bogus",
 ]  # bogus: the fault server answers "unknown fault command" on stderr
 TIMEOUT_SECONDS = 2
@@ -51,6 +53,11 @@ MAX_STDERR_BYTES = 1024
 FLOOD_BYTES = 100 * 1024 * 1024
 HANG_BOUND_SECONDS = 10.0  # generous: the point is "answered, not hung", for a 2 s timeout
 FLOOD_BOUND_SECONDS = 5.0  # a 100 MB flood must be cut at the 1 KiB cap, not read to the end
+# Calls on a host that never closes a channel: well past the ~36 (6 connections x 6 channels)
+# after which every call used to fail UPSTREAM_UNAVAILABLE.
+UNCLOSED_CALLS = 100
+UNCLOSED_AT_ONCE = 4  # calls in flight together, as an agent's parallel calls would be
+UNCLOSED_IDLE_CLOSE_SECONDS = 2.0  # past session.UNCLOSED_AFTER_SECONDS: then slots are back
 FAULT_TEXT = (b"yyyy", b"xxxx", b"unknown fault command")  # what the fault server writes
 
 COMMAND_TOML = """\
@@ -345,6 +352,61 @@ def test_stale_pooled_connection_is_replaced(tmp_path: Path, faults: FaultServer
         await still_serves(d)
 
     serve(tmp_path, faults, body)
+
+
+def test_a_host_that_never_closes_its_channels_fails_alone(
+    tmp_path: Path, faults: FaultServer
+) -> None:
+    """100 calls on a host that never sends CHANNEL_CLOSE: all answered, its pool bounded."""
+    hosts = {"faults": faults.host_section(), "healthy": faults.host_section()}
+    commands, schemas = contract(tmp_path)
+    never_closed = faults.never_closed
+
+    async def body(d: Running) -> None:
+        runner = d.daemon.runner
+        assert isinstance(runner, SshRunner)
+        most: dict[str, int] = {}
+        for first in range(0, UNCLOSED_CALLS, UNCLOSED_AT_ONCE):
+            words = range(first, first + UNCLOSED_AT_ONCE)
+            responses = await asyncio.gather(*(d.ask(call("never-close", i)) for i in words))
+            for i, response in zip(words, responses, strict=True):
+                assert response.get("data") == {"word": str(i)}, (i, response)
+            await still_serves(d, HEALTHY_TOOL)
+            for alias, open_now in runner.connections().items():
+                most[alias] = max(most.get(alias, 0), open_now)
+        assert faults.never_closed - never_closed == UNCLOSED_CALLS
+        # A retired connection does not count against max_connections until it closes.
+        assert most == {"faults": most["faults"], "healthy": 1}
+        assert most["faults"] <= 2 * DEFAULT_HOST_MAX_CONNECTIONS
+        registry = d.service.metrics.registry
+        retired = registry.get_sample_value(
+            "sshadapter_ssh_connections_closed_total", {"reason": "unclosed"}
+        )
+        assert retired is not None and retired >= 1
+
+        # Every slot comes back: the host's connections go idle and close, on both ends.
+        def all_closed() -> bool:
+            open_now = runner.connections()
+            return "faults" not in open_now and faults.open_connections == len(open_now)
+
+        for _ in range(1000):
+            if all_closed():
+                break
+            await asyncio.sleep(0.01)
+        assert all_closed(), (runner.connections(), faults.open_connections)
+        await still_serves(d)
+
+    with_daemon(
+        tmp_path,
+        body,
+        ssh=True,
+        hosts=hosts,
+        commands=commands,
+        schemas=schemas,
+        pool=PoolSection(idle_close_seconds=UNCLOSED_IDLE_CLOSE_SECONDS),
+    )
+    report = verify([tmp_path / "audit.jsonl"])
+    assert report.ok and not report.open_intents
 
 
 def test_concurrent_faults_keep_envelopes_closed(tmp_path: Path, faults: FaultServer) -> None:

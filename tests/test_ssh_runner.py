@@ -37,6 +37,7 @@ from sshadapter.errors import UpstreamError
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.ssh import exec_gate
 from sshadapter.runners.ssh.coalesce import CoalescingTransport
+from sshadapter.runners.ssh.pool import MAX_UNCLOSED_CHANNELS
 from sshadapter.runners.ssh.runner import SshRunner
 
 T = TypeVar("T")
@@ -550,6 +551,40 @@ def test_a_channel_the_host_never_closes_ends_at_eof_and_exit_status(
     while not faults.closed_by_client and time.monotonic() < deadline:
         time.sleep(0.01)
     assert faults.closed_by_client == ["no-close"]
+
+
+def test_a_connection_its_host_leaves_channels_open_on_is_retired_after_its_calls(
+    faults: FaultServer,
+) -> None:
+    """Unclosed channels retire a connection; it closes only once its last call is answered."""
+    cap = 4
+    section = faults.host_section(max_connections=1, max_channels_per_connection=cap)
+    closed: list[str] = []
+    accepted, held_before = faults.accepted, faults.held
+
+    async def body(runner: SshRunner) -> None:
+        held = asyncio.ensure_future(runner.run("f", "never-close-held kept", **CAPS))
+        for _ in range(500):
+            if faults.held > held_before:
+                break
+            await asyncio.sleep(0.01)
+        # Beside the held call, the slots of the first connection; the calls past them wait
+        # for slots given up on, until MAX_UNCLOSED_CHANNELS are: then a fresh connection.
+        for i in range(cap - 1 + MAX_UNCLOSED_CHANNELS):
+            result = await runner.run("f", f"never-close {i}", **CAPS)
+            assert (result.stdout, result.exit_status) == (f"{i}\n".encode(), 0)
+        assert faults.accepted - accepted == 2
+        assert not held.done() and closed == []  # retired, not closed under its call
+        faults.release_held()
+        assert (await held).stdout == b"kept\n"
+        for _ in range(500):  # its channel given up on too, the retired one closes
+            if closed:
+                break
+            await asyncio.sleep(0.01)
+        assert set(closed) == {"unclosed"}
+        assert runner.connections().get("f", 0) <= 1
+
+    with_runner({"f": section}, body, on_close=closed.append)
 
 
 def test_concurrent_calls_share_spares_within_the_channel_cap(faults: FaultServer) -> None:

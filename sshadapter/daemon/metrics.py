@@ -172,7 +172,8 @@ class Metrics:
         )
         self.connections_closed = Counter(
             "sshadapter_ssh_connections_closed",
-            "SSH connections the pool closed itself: idle too long, or LRU at the total cap.",
+            "SSH connections the pool closed itself: idle too long, LRU at the total cap, "
+            "or retired for channels its host left open.",
             ["reason"],
             registry=r,
         )

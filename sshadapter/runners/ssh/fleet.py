@@ -24,8 +24,9 @@ from sshadapter.runners.ssh.file_cache import FileCache
 
 log = logging.getLogger(__name__)
 
-# Why the pool closes a connection itself (sshadapter_ssh_connections_closed_total{reason}).
-CLOSE_REASONS: Final = ("idle", "lru")
+# Why the pool closes a connection itself (sshadapter_ssh_connections_closed_total{reason}):
+# unclosed is a connection retired for the channels its host left open (``pool``).
+CLOSE_REASONS: Final = ("idle", "lru", "unclosed")
 # The idle sweep runs every quarter of idle_close_seconds within these bounds: a connection
 # is closed at most 10 s late, and a tiny idle_close_seconds does not spin the loop.
 IDLE_SWEEP_MAX_SECONDS: Final = 10.0

@@ -12,6 +12,12 @@ dialled with that host's pins and keys; never asyncssh's string form of ``tunnel
 which would fall back to ~/.ssh and the agent. A tunnel is not a session channel: it is
 counted apart (``Conn.tunnels``, at most MAX_TUNNELS_PER_CONNECTION), and keeps the jump
 host's connection from being closed as idle.
+
+Unclosed channels: a call ends at its EOF and exit status and closes its channel; its
+slot waits for the host's close (``session``). A host that leaves MAX_UNCLOSED_CHANNELS
+of them open on one connection has that connection retired: no call is put on it any
+more, a fresh one takes its place, and it is closed (``unclosed``) once the calls on it
+have their answers. The host fails alone: its pool never runs out of slots.
 """
 
 from __future__ import annotations
@@ -47,6 +53,11 @@ CLOSE_TIMEOUT_SECONDS: Final = 5.0  # close() waits this long for connections to
 # connection from taking more than this many target connections with it, and spreads
 # the traffic over up to max_connections of the jump host's connections.
 MAX_TUNNELS_PER_CONNECTION: Final = 64
+# Channels a host may leave open (no CHANNEL_CLOSE within session.UNCLOSED_AFTER_SECONDS of
+# ours) on one connection before it is retired. Each may still hold one of sshd's
+# MaxSessions (10) sessions, and our cap takes up to 9 of them: past a few, opens on it
+# would be refused. A host that closes late once in a while keeps its connection.
+MAX_UNCLOSED_CHANNELS: Final = 3
 
 
 @dataclass(eq=False)
@@ -62,6 +73,10 @@ class Conn:
     """Connections of other hosts carried on this one (it is their jump host)."""
     via: tuple[Pool, Conn] | None = None
     """The jump host's pool and connection this one is tunnelled through."""
+    unclosed: int = 0
+    """Channels the host left open after our close (session.UNCLOSED_AFTER_SECONDS)."""
+    retired: bool = False
+    """Past MAX_UNCLOSED_CHANNELS: takes no call or tunnel; closed once ``busy`` is 0."""
 
     @property
     def busy(self) -> int:
@@ -141,6 +156,7 @@ class Pool:
                 session = spare.claim(command, max_stdout, max_stderr, release)
             else:
                 session = Session(max_stdout, max_stderr, release)
+            session.on_unclosed = functools.partial(self._unclosed, conn)
             attempts.append(session)
             try:
                 if spare is not None:
@@ -207,7 +223,9 @@ class Pool:
             room = [
                 c
                 for c in self._conns
-                if c.tunnels < MAX_TUNNELS_PER_CONNECTION and not c.ssh.is_closed()
+                if c.tunnels < MAX_TUNNELS_PER_CONNECTION
+                and not c.ssh.is_closed()
+                and not c.retired
             ]
             if room:
                 conn = min(room, key=lambda c: c.tunnels)
@@ -234,9 +252,7 @@ class Pool:
         """A target connection carried on ``conn`` closed (or never opened)."""
         conn.tunnels -= 1
         conn.last_used = time.monotonic()
-        if conn.busy == 0:
-            self._fleet.notify()
-        self._notify()
+        self._settle(conn)
 
     async def warm(self) -> None:
         """Open one connection ahead of the first call, unless one is open or the fleet is
@@ -259,9 +275,30 @@ class Pool:
     def release(self, conn: Conn) -> None:
         conn.channels -= 1
         conn.last_used = time.monotonic()
+        self._settle(conn)
+
+    def _settle(self, conn: Conn) -> None:
+        """A channel or tunnel of ``conn`` gone: an idle connection is offered to the
+        fleet, a retired one closed."""
         if conn.busy == 0:
-            self._fleet.notify()  # idle now: a pool waiting at the total cap may close it
+            if conn.retired and conn in self._conns:
+                self._drop(conn, "unclosed")
+            else:
+                self._fleet.notify()  # idle now: a pool waiting at the total cap may close it
         self._notify()
+
+    def _unclosed(self, conn: Conn) -> None:
+        """The host left one of ``conn``'s channels open after our close (its slot is
+        released next); at MAX_UNCLOSED_CHANNELS the connection is retired."""
+        conn.unclosed += 1
+        if conn.unclosed == MAX_UNCLOSED_CHANNELS:
+            conn.retired = True
+            log.warning(
+                "host %s left %d channels open after their commands ended: connection "
+                "retired, calls go to a fresh one",
+                self.alias,
+                conn.unclosed,
+            )
 
     def oldest_idle(self) -> float | None:
         """When this pool's least recently used idle connection was last used (fleet LRU)."""
@@ -298,7 +335,11 @@ class Pool:
     def _pick(self, exclude: Conn | None) -> Conn | None:
         """The least busy connection with room or a ready spare; a ready spare first."""
         cap = self._section.max_channels_per_connection
-        room = [c for c in self._conns if c is not exclude and (c.channels < cap or c.spare_ready)]
+        room = [
+            c
+            for c in self._conns
+            if c is not exclude and not c.retired and (c.channels < cap or c.spare_ready)
+        ]
         return min(room, key=lambda c: (not c.spare_ready, c.channels), default=None)
 
     def _refill(self, conn: Conn, *, reserved: bool) -> None:
@@ -309,7 +350,7 @@ class Pool:
         """
         room = reserved or conn.channels < self._section.max_channels_per_connection
         busy = conn.channels - reserved > SPARE_MAX_BUSY  # calls on it now, the spare's slot aside
-        off = not exec_gate.SPARES or self.spares_off or self._closed
+        off = not exec_gate.SPARES or self.spares_off or self._closed or conn.retired
         if off or busy or conn.spare is not None or conn.ssh.is_closed() or not room:
             if reserved:
                 self.release(conn)
@@ -337,7 +378,9 @@ class Pool:
         self.release(conn)
 
     def _may_connect(self) -> bool:
-        if len(self._conns) >= self._section.max_connections:
+        """Below max_connections, a retired connection still closing aside (it takes no
+        call), and not cooling down after a failed connect."""
+        if sum(not c.retired for c in self._conns) >= self._section.max_connections:
             return False
         cooling = time.monotonic() - self._failed_at < CONNECT_COOLDOWN_SECONDS
         return not (self._conns and cooling)
@@ -372,7 +415,8 @@ class Pool:
             pool.untunnel(carrier)
 
     def _drop(self, conn: Conn, reason: str) -> None:
-        """Close an idle connection (idle for too long, or the LRU one at the total cap)."""
+        """Close an idle connection (idle for too long, the LRU one at the total cap, or
+        retired for its unclosed channels)."""
         log.info("ssh connection to host %s closed: %s", self.alias, reason)
         if conn.spare is not None:
             conn.spare.abandon()

@@ -77,7 +77,7 @@ class SshRunner:
         exception is logged, never raised): ``on_connect_failure(alias, reason)`` once
         per failed connect;
         ``on_connect(alias)`` each time a new connection to ``alias`` is established;
-        ``on_close(reason)`` each time the pool closes an idle connection itself
+        ``on_close(reason)`` each time the pool closes an idle or retired connection itself
         (``fleet.CLOSE_REASONS``); ``on_jump_lost(alias)`` each time a connection of a
         jump host (some host's ``via``) drops without the pool closing it.
 

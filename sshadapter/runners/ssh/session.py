@@ -8,6 +8,11 @@ The result is complete once the channel's EOF and the command's exit status (or 
 have both arrived: no data may follow an EOF. The call goes on from there, without
 waiting for the channel's close, so the answer to the agent leaves before the close
 handshake with sshd (measured: one send() less on the path of a c=1 call).
+
+Its slot in the pool is held until the host's CHANNEL_CLOSE answers ours (sshd frees the
+session only then). A host that never sends it would keep the slot for good: after
+UNCLOSED_AFTER_SECONDS the slot is given back anyway and the pool told (``on_unclosed``),
+which retires a connection that collects too many such channels (``pool``).
 """
 
 from __future__ import annotations
@@ -22,6 +27,12 @@ import asyncssh
 
 MAX_PACKET_BYTES: Final = 32 * 1024  # one data packet: all we ever hold beyond a cap
 ABORT_SIGNAL: Final = "KILL"  # sshd keeps a closed session (a MaxSessions slot) until it exits
+# How long after our CHANNEL_CLOSE the host's may take before the channel counts as unclosed
+# and its slot goes back. sshd answers a close at once for a command that has exited (EOF and
+# exit status seen), and within milliseconds of the KILL for one that had not: a second is
+# many round trips, and a tenth of the default timeout_seconds (10 s), so a call waiting for
+# a slot of a host that never closes still gets one within its timeout.
+UNCLOSED_AFTER_SECONDS: Final = 1.0
 
 
 class Session(asyncssh.SSHClientSession[bytes]):
@@ -43,6 +54,7 @@ class Session(asyncssh.SSHClientSession[bytes]):
         self._stopping = False
         self._closed = False
         self._released = False
+        self._unclosed: asyncio.TimerHandle | None = None
 
     @property
     def channel_opened(self) -> bool:
@@ -56,6 +68,10 @@ class Session(asyncssh.SSHClientSession[bytes]):
 
     on_channel: Callable[[asyncssh.SSHClientChannel[bytes]], None] | None = None
     """A spare's hook: the channel is open, its exec request not yet sent."""
+
+    on_unclosed: Callable[[], None] | None = None
+    """The pool's hook: the host left the channel open UNCLOSED_AFTER_SECONDS after our
+    close; the slot is released right after it."""
 
     def bind(self, max_stdout: int, max_stderr: int, on_closed: Callable[[], None]) -> None:
         """A spare's session becomes a call's: its caps, and who gets its slot back."""
@@ -100,6 +116,8 @@ class Session(asyncssh.SSHClientSession[bytes]):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        if self._unclosed is not None:
+            self._unclosed.cancel()
         if exc is not None and not self.finished.done():
             self.error = exc
         self._finish()
@@ -117,6 +135,9 @@ class Session(asyncssh.SSHClientSession[bytes]):
         if self._chan is None or self._closed or self._stopping:
             return
         self._stopping = True
+        self._unclosed = asyncio.get_running_loop().call_later(
+            UNCLOSED_AFTER_SECONDS, self._check_closed
+        )
         if self.exited:
             if not self._chan.is_closing():
                 self._chan.close()
@@ -124,6 +145,19 @@ class Session(asyncssh.SSHClientSession[bytes]):
         with contextlib.suppress(OSError):  # already closing: close() is all that is left
             self._chan.send_signal(ABORT_SIGNAL)
         self._chan.close()
+
+    def _check_closed(self) -> None:
+        # One loop turn later: a close read in the turn the timer fires (a busy loop) has
+        # its connection_lost queued before this, and is not counted as unclosed.
+        asyncio.get_running_loop().call_soon(self._give_up_close)
+
+    def _give_up_close(self) -> None:
+        """The host never answered our close: the slot goes back, the pool counts it."""
+        if self._closed or self._released:
+            return
+        if self.on_unclosed is not None:
+            self.on_unclosed()
+        self.release()
 
     def release(self) -> None:
         """Give the channel slot back to the pool, exactly once."""
