@@ -404,7 +404,9 @@ def test_shutdown_denies_pending_calls(tmp_path: Path, socket_dir: Path) -> None
         result = await asyncio.wait_for(call, 5)
         assert result["error"]["code"] == "DENIED"
         await asyncio.sleep(0.1)
-        assert [r["event"] for r in approval_records(running)] == ["requested", "cancelled"]
+        events = [(r["event"], r.get("reason")) for r in approval_records(running)]
+        assert events == [("requested", None), ("cancelled", "shutdown")]
+        check_schema(running.audit_records())
 
     run(tmp_path, socket_dir, body)
 
