@@ -4,8 +4,9 @@ Reference: docs/command-files.md "params". Every string parameter is constrained
 (a ``pattern`` or an ``enum``), every integer bounded, and no keyword opens a schema
 further; a parameter that admits a NUL byte is only warned about, since every call with
 one is refused anyway (argv.py). A parameter of an operation that needs approval must
-admit no control character (C0, DEL, C1) and no bidi control: the approver reads the
-command it is part of, and such a character can make a screen show another one.
+admit no control character (``SCREEN_CONTROLS``: C0, DEL, C1, the line separators, the
+bidi controls): the approver reads the command it is part of, and such a character can
+make a screen show another one.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ SCREEN_CONTROLS: Final = frozenset(
 # Where the two readers of a pattern differ on a control character: Python's `re` (which
 # parses it here) calls U+001C-U+001F whitespace, the Rust engine (which runs it) does not.
 # The analysis takes the reading that admits more.
-_SPACES_IN_BOTH: Final = frozenset(map(ord, "\t\n\x0b\x0c\r\x85"))
+_SPACES_IN_BOTH: Final = frozenset(map(ord, "\t\n\x0b\x0c\r\x85\u2028\u2029"))
 _SPACES_IN_PYTHON: Final = frozenset(range(0x1C, 0x20))
 
 

@@ -19,9 +19,9 @@ approves its own call.
 
 Events of the ``approval`` record: ``requested``; ``approved`` and ``denied`` (by an
 approver, written before the waiting call learns it); ``timeout``, ``invalidated`` and
-``cancelled`` (written by the waiting call, with its reason, ``caller_gone`` or
-``shutdown``); ``refused`` (an approver's request that
-decided nothing, with its reason from ``errors.APPROVER_REFUSALS``).
+``cancelled`` (written by the waiting call; a ``cancelled`` with its reason from
+``errors.APPROVAL_CANCELLATIONS``); ``refused`` (an approver's request that decided
+nothing, with its reason from ``errors.APPROVER_REFUSALS``).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ class Approvals:
         expires = now_text(datetime.now(UTC) + timedelta(seconds=timeout))
         pending = _Pending(call, args, command_digest(call.command), expires)
         self.pending[call.request_id] = pending
-        cancelled_by = "shutdown"  # unless its caller went: the drain's ending
+        cancelled_by = "shutdown"  # the drain's ending, unless the caller went first
         try:
             with watch() as gone:
                 # Written at once (no await before it): it precedes any decision's record.
