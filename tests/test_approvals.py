@@ -18,6 +18,7 @@ import jsonschema
 import orjson
 import pytest
 from daemon_harness import ROOT, Running, shipped_commands, with_daemon
+from mcp_harness import raw_bridge
 
 from sshadapter.config import ApprovalsSection, Config, GroupSection, HostSection, PathsSection
 from sshadapter.contract.commandfile import MAX_APPROVAL_TIMEOUT_SECONDS
@@ -471,6 +472,32 @@ def test_a_call_whose_caller_is_killed_is_cancelled_at_once(
         metrics = running.daemon.metrics.exposition().decode()
         assert 'sshadapter_approvals_total{outcome="cancelled",tool="job_rerun"} 1.0' in metrics
         assert "sshadapter_approvals_pending 0.0" in metrics
+
+    run(tmp_path, socket_dir, body)
+
+
+def test_a_call_its_mcp_host_gave_up_on_is_cancelled_at_once(
+    tmp_path: Path, socket_dir: Path
+) -> None:
+    """An MCP host's notifications/cancelled ends the wait: the bridge lets go, nothing runs.
+
+    The bridge closes that call's daemon connection; the daemon cancels the call
+    (`caller_gone`), and the list is empty for the approver.
+    """
+
+    async def body(running: Running) -> None:
+        with raw_bridge(running.path) as bridge:
+            await asyncio.to_thread(bridge.initialize)
+            asked = bridge.request("tools/call", {"name": TOOL, "arguments": ARGS})
+            [entry] = await pending(running)
+            cancel = {"requestId": asked, "reason": "the host's request timed out"}
+            bridge.write({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel})
+            assert await pending(running, 0) == []
+            [end] = await ended(running)
+            assert (end["request_id"], end["reason"]) == (entry["request_id"], "approval_cancelled")
+            assert approval_records(running)[-1]["reason"] == "caller_gone"
+            assert not [r for r in running.audit_records() if r["type"] == "intent"]
+            assert verify([running.audit_path]).ok
 
     run(tmp_path, socket_dir, body)
 
