@@ -23,6 +23,7 @@ import orjson
 from sshadapter import __version__, client
 from sshadapter.errors import ConfigError
 from sshadapter.shipped import docs_location
+from sshadapter.shown import shown
 
 if TYPE_CHECKING:
     from sshadapter.config import Config
@@ -725,18 +726,23 @@ def _pending(socket_path: Path) -> list[dict[str, Any]] | None:
 
 
 def _show_pending(entry: dict[str, Any]) -> None:
+    """One pending call as the approver reads it. Every field is escaped (an agent chose
+    the arguments, and so part of the command: an ESC sequence, a CR or a bidi override
+    must not make the screen show another command than the one approved), and nothing
+    the approver decides on is cut."""
     where = (
         f"target {entry['target']} ({', '.join(entry['hosts'])})"
         if "target" in entry
         else f"host {entry['host']}"
     )
     caller = entry["caller"]
-    print(f"{entry['request_id']}  {entry['tool']}  {where}")
-    print(f"  caller     uid {caller['uid']} gid {caller['gid']} pid {caller['pid']}")
-    print(f"  arguments  {orjson.dumps(entry['arguments']).decode()}")
-    print(f"  command    {entry['command']}")
-    print(f"  sha256     {entry['digest']}")
-    print(f"  expires    {entry['expires']}")
+    print(shown(f"{entry['request_id']}  {entry['tool']}  {where}", None))
+    print(shown(f"  caller     uid {caller['uid']} gid {caller['gid']} pid {caller['pid']}"))
+    print(f"  waiting    {shown(entry['waiting_seconds'])}s")
+    print(f"  arguments  {shown(orjson.dumps(entry['arguments']).decode(), None)}")
+    print(f"  command    {shown(entry['command'], None)}")
+    print(f"  sha256     {shown(entry['digest'])}")
+    print(f"  expires    {shown(entry['expires'])}")
 
 
 def _cmd_approvals_list(args: argparse.Namespace) -> int:
@@ -756,7 +762,7 @@ def _cmd_approvals_decide(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     entry = next((e for e in pending if e.get("request_id") == args.request_id), None)
     if entry is None:
-        print(f"sshadapter: no call waits under {args.request_id}", file=sys.stderr)
+        print(f"sshadapter: no call waits under {shown(args.request_id)}", file=sys.stderr)
         return EXIT_FAILED
     _show_pending(entry)  # exactly what is approved or denied
     message: dict[str, Any] = {"op": args.verb, "request_id": args.request_id}
@@ -769,9 +775,9 @@ def _cmd_approvals_decide(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     if not isinstance(answer, dict) or "decision" not in answer:
         refused = answer.get("refused") if isinstance(answer, dict) else None
-        print(f"sshadapter: refused: {refused or 'not an approver'}", file=sys.stderr)
+        print(f"sshadapter: refused: {shown(refused or 'not an approver')}", file=sys.stderr)
         return EXIT_FAILED
-    print(answer["decision"])
+    print(shown(answer["decision"]))
     return EXIT_OK
 
 

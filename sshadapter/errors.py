@@ -156,7 +156,7 @@ APPROVAL_REASONS: Final = frozenset(
         "approval_denied",  # an approver denied it
         "approval_timeout",  # nobody decided within its [approval] timeout_seconds
         "approval_invalidated",  # a reload changed the operation, its target or its caller
-        "approval_cancelled",  # the daemon shut down while it waited
+        "approval_cancelled",  # its caller went away, or the daemon shut down, while it waited
         "approval_mismatch",  # the command about to run is not the one approved (a bug)
     }
 )
@@ -169,6 +169,15 @@ APPROVER_REFUSALS: Final = frozenset(
         "own_call",  # the approver is the call's own caller (same uid)
         "digest_mismatch",  # the digest sent is not the pending command's
         "not_recorded",  # the decision could not be made durable: the call does not run
+    }
+)
+
+# Why a wait for approval was cancelled: the `reason` of an `approval` record of event
+# `cancelled` (docs/audit.md "approval"); the call answers `approval_cancelled` either way.
+APPROVAL_CANCELLATIONS: Final = frozenset(
+    {
+        "caller_gone",  # its caller closed its connection: nobody would get the answer
+        "shutdown",  # the daemon began its drain
     }
 )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -17,6 +18,7 @@ import jsonschema
 import orjson
 import pytest
 from daemon_harness import ROOT, Running, shipped_commands, with_daemon
+from mcp_harness import raw_bridge
 
 from sshadapter.config import ApprovalsSection, Config, GroupSection, HostSection, PathsSection
 from sshadapter.contract.commandfile import MAX_APPROVAL_TIMEOUT_SECONDS
@@ -39,6 +41,14 @@ ARGS: Final = {"project_id": "bluebird"}
 CALL: Final = {"op": "call", "tool": TOOL, "args": ARGS}
 COMMAND: Final = "ci-cli run status --json --project bluebird"
 DIGEST: Final = hashlib.sha256(COMMAND.encode()).hexdigest()
+PROJECT_PATTERN: Final = "pattern = '^[a-z0-9][a-z0-9-]{2,62}$'"
+# Runs the CLI in a process of its own (as another uid, for the approver).
+CLI: Final = [
+    SYSTEM_PYTHON or "",
+    "-c",
+    "import sys; from sshadapter.cli import main; sys.exit(main())",
+]
+CLI_ENV: Final = {"PYTHONPATH": os.pathsep.join([str(ROOT), *LIBRARIES]), "PATH": "/usr/bin:/bin"}
 # Connects as the approver from its own process: what SO_PEERCRED sees is that uid.
 _ASK: Final = """
 import socket, sys
@@ -67,12 +77,20 @@ def socket_dir() -> Iterator[Path]:
 
 
 def approval_commands(
-    tmp_path: Path, timeout: float = 60.0, version: int = 1, *, fleet: bool = False
+    tmp_path: Path,
+    timeout: float = 60.0,
+    version: int = 1,
+    *,
+    fleet: bool = False,
+    pattern: str | None = None,
 ) -> Path:
     """The shipped commands plus job_rerun: job_run_status's command, requiring approval
-    (``fleet``: on the targets of group `both`, instead of host `ci`)."""
+    (``fleet``: on the targets of group `both`, instead of host `ci`; ``pattern``: its
+    `project_id`'s, instead of job_run_status's)."""
     commands = shipped_commands(tmp_path)
     text = (commands / "job_run_status.toml").read_text()
+    if pattern is not None:
+        text = text.replace(PROJECT_PATTERN, f"pattern = {orjson.dumps(pattern).decode()}")
     if fleet:
         text = text.replace('host = "ci"', 'targets = ["both"]\nfanout = { enabled = true }')
     text = text.replace("read_only = true", "read_only = false").replace(
@@ -92,11 +110,12 @@ def run(
     approvers: tuple[int, ...] = (APPROVER,),
     max_pending: int = 16,
     fleet: bool = False,
+    pattern: str | None = None,
 ) -> None:
     with_daemon(
         tmp_path,
         body,
-        commands=approval_commands(tmp_path, timeout, fleet=fleet),
+        commands=approval_commands(tmp_path, timeout, fleet=fleet, pattern=pattern),
         groups={"both": GroupSection(members=("ci", "local"))},
         socket_dir=socket_dir,
         socket_mode=0o666,
@@ -122,13 +141,38 @@ async def ask_as(uid: int, running: Running, message: dict[str, Any]) -> Any:
 
 
 async def pending(running: Running, count: int = 1) -> list[dict[str, Any]]:
-    """The approver's listing, once ``count`` calls wait."""
+    """The approver's listing, once exactly ``count`` calls wait."""
     for _ in range(200):
         listed = (await ask_as(APPROVER, running, {"op": "approvals"}))["approvals"]
-        if len(listed) >= count:
+        if len(listed) == count:
             return list(listed)
         await asyncio.sleep(0.02)
-    raise AssertionError("no call became pending")
+    raise AssertionError(f"not {count} calls pending")
+
+
+async def cli_as(uid: int, *words: str) -> tuple[int, str, str]:
+    """`sshadapter WORDS...` in a process running as ``uid``: its status, stdout, stderr."""
+    process = await asyncio.create_subprocess_exec(
+        *CLI,
+        *words,
+        user=uid,
+        env=CLI_ENV,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def ended(running: Running, count: int = 1) -> list[dict[str, Any]]:
+    """The result records, once ``count`` calls have one."""
+    for _ in range(500):
+        results = [r for r in running.audit_records() if r["type"] == "result"]
+        if len(results) >= count:
+            return results
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not {count} results written")
 
 
 def decide(request_id: str, digest: str = DIGEST) -> dict[str, Any]:
@@ -361,46 +405,241 @@ def test_shutdown_denies_pending_calls(tmp_path: Path, socket_dir: Path) -> None
         result = await asyncio.wait_for(call, 5)
         assert result["error"]["code"] == "DENIED"
         await asyncio.sleep(0.1)
-        assert [r["event"] for r in approval_records(running)] == ["requested", "cancelled"]
+        events = [(r["event"], r.get("reason")) for r in approval_records(running)]
+        assert events == [("requested", None), ("cancelled", "shutdown")]
+        check_schema(running.audit_records())
 
     run(tmp_path, socket_dir, body)
 
 
 def test_the_cli_lists_and_approves_as_an_approver(tmp_path: Path, socket_dir: Path) -> None:
     """`sshadapter approvals list|approve` as the approver show the call in full, then run it."""
-    assert SYSTEM_PYTHON is not None
-    cli = [SYSTEM_PYTHON, "-c", "import sys; from sshadapter.cli import main; sys.exit(main())"]
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), *LIBRARIES]), "PATH": "/usr/bin:/bin"}
-
-    async def sshadapter(*words: str, uid: int = APPROVER) -> tuple[int, str, str]:
-        process = await asyncio.create_subprocess_exec(
-            *cli,
-            *words,
-            user=uid,
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await process.communicate()
-        assert process.returncode is not None
-        return process.returncode, out.decode(), err.decode()
 
     async def body(running: Running) -> None:
         socket = ("--socket", str(running.path))
         call = asyncio.create_task(running.ask(CALL))
         [entry] = await pending(running)
-        status, out, _ = await sshadapter("approvals", "list", *socket)
+        status, out, _ = await cli_as(APPROVER, "approvals", "list", *socket)
         assert status == 0
         for shown in (entry["request_id"], TOOL, "host ci", '{"project_id":"bluebird"}'):
             assert shown in out
         assert f"command    {COMMAND}" in out and DIGEST in out
-        status, _, err = await sshadapter("approvals", "list", *socket, uid=ME)
+        status, _, err = await cli_as(ME, "approvals", "list", *socket)
         assert status == 1 and "not an approver" in err
-        status, out, _ = await sshadapter("approvals", "approve", entry["request_id"], *socket)
+        status, out, _ = await cli_as(
+            APPROVER, "approvals", "approve", entry["request_id"], *socket
+        )
         assert status == 0 and out.endswith("approved\n") and COMMAND in out
         assert (await call)["outcome"] == "success"
 
     run(tmp_path, socket_dir, body)
+
+
+def test_a_call_whose_caller_is_killed_is_cancelled_at_once(
+    tmp_path: Path, socket_dir: Path
+) -> None:
+    """A killed `sshadapter call` leaves the list at once, audited `cancelled` (caller_gone).
+
+    It has one result record and no intent; approving it afterwards is one line, status 1.
+    """
+
+    async def body(running: Running) -> None:
+        socket = ("--socket", str(running.path))
+        caller = await asyncio.create_subprocess_exec(
+            *CLI, "call", TOOL, "project_id=bluebird", *socket, env=CLI_ENV
+        )
+        [entry] = await pending(running)
+        caller.kill()
+        await caller.wait()
+        assert await pending(running, 0) == []
+        [end] = await ended(running)
+        assert (end["request_id"], end["stage"]) == (entry["request_id"], "approval")
+        assert (end["code"], end["reason"]) == ("DENIED", "approval_cancelled")
+        events = [(r["event"], r.get("reason")) for r in approval_records(running)]
+        assert events == [("requested", None), ("cancelled", "caller_gone")]
+        status, out, err = await cli_as(
+            APPROVER, "approvals", "approve", entry["request_id"], *socket
+        )
+        assert status == 1 and out == ""
+        assert err == f"sshadapter: no call waits under {entry['request_id']}\n"
+        late = await ask_as(APPROVER, running, decide(entry["request_id"]))
+        assert late == {"request_id": entry["request_id"], "refused": "not_pending"}
+        records = running.audit_records()
+        assert not [r for r in records if r["type"] == "intent"]
+        assert len([r for r in records if r["type"] == "result"]) == 1
+        check_schema(records)
+        assert verify([running.audit_path]).ok
+        metrics = running.daemon.metrics.exposition().decode()
+        assert 'sshadapter_approvals_total{outcome="cancelled",tool="job_rerun"} 1.0' in metrics
+        assert "sshadapter_approvals_pending 0.0" in metrics
+
+    run(tmp_path, socket_dir, body)
+
+
+def test_a_call_its_mcp_host_gave_up_on_is_cancelled_at_once(
+    tmp_path: Path, socket_dir: Path
+) -> None:
+    """An MCP host's notifications/cancelled ends the wait: the bridge lets go, nothing runs.
+
+    The bridge closes that call's daemon connection; the daemon cancels the call
+    (`caller_gone`), and the list is empty for the approver.
+    """
+
+    async def body(running: Running) -> None:
+        with raw_bridge(running.path) as bridge:
+            await asyncio.to_thread(bridge.initialize)
+            asked = bridge.request("tools/call", {"name": TOOL, "arguments": ARGS})
+            [entry] = await pending(running)
+            cancel = {"requestId": asked, "reason": "the host's request timed out"}
+            bridge.write({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel})
+            assert await pending(running, 0) == []
+            [end] = await ended(running)
+            assert (end["request_id"], end["reason"]) == (entry["request_id"], "approval_cancelled")
+            assert approval_records(running)[-1]["reason"] == "caller_gone"
+            assert not [r for r in running.audit_records() if r["type"] == "intent"]
+            assert verify([running.audit_path]).ok
+
+    run(tmp_path, socket_dir, body)
+
+
+def test_an_agent_that_asks_again_leaves_one_call_to_approve(
+    tmp_path: Path, socket_dir: Path
+) -> None:
+    """A retry after the first connection closed: only the live call is listed, run once.
+
+    The listing says how long its caller has been waiting.
+    """
+
+    async def body(running: Running) -> None:
+        _, first = await asyncio.open_unix_connection(str(running.path))
+        first.write(orjson.dumps(CALL) + b"\n")
+        [gone] = await pending(running)
+        first.close()  # the agent host gave up on it, and asks again
+        await first.wait_closed()
+        retry = asyncio.create_task(running.ask(CALL))
+        for _ in range(200):
+            listed = await pending(running)
+            if listed[0]["request_id"] != gone["request_id"]:
+                break
+        [live] = listed
+        assert live["request_id"] != gone["request_id"]
+        assert isinstance(live["waiting_seconds"], int) and live["waiting_seconds"] >= 0
+        status, out, _ = await cli_as(APPROVER, "approvals", "list", "--socket", str(running.path))
+        assert status == 0 and gone["request_id"] not in out
+        assert re.search(r"^  waiting    \d+s$", out, re.MULTILINE)
+        await ask_as(APPROVER, running, decide(live["request_id"]))
+        assert (await retry)["outcome"] == "success"
+        records = running.audit_records()
+        assert [r["request_id"] for r in records if r["type"] == "intent"] == [live["request_id"]]
+        assert len([r for r in records if r["type"] == "result"]) == 2
+        assert verify([running.audit_path]).ok
+
+    run(tmp_path, socket_dir, body)
+
+
+def test_a_caller_that_only_shuts_its_writing_side_is_still_waited_for(
+    tmp_path: Path, socket_dir: Path
+) -> None:
+    """Half-closed (still reading) is not gone; requests sent ahead are answered in order."""
+
+    async def body(running: Running) -> None:
+        reader, writer = await asyncio.open_unix_connection(str(running.path))
+        writer.write(orjson.dumps(CALL) + b"\n" + orjson.dumps({"op": "list"}) + b"\n")
+        writer.write_eof()
+        [entry] = await pending(running)
+        await ask_as(APPROVER, running, decide(entry["request_id"]))
+        assert orjson.loads(await reader.readline())["outcome"] == "success"
+        assert "tools" in orjson.loads(await reader.readline())
+        writer.close()
+
+    run(tmp_path, socket_dir, body)
+
+
+# What an approval operation's parameter may still admit (no control character, no bidi
+# control, no line separator): an invisible zero-width space and a backslash.
+LOOSE_PATTERN: Final = (
+    "^[^\\x00-\\x1f\\x7f-\\x9f\\u061c\\u200e\\u200f\\u2028-\\u202e\\u2066-\\u2069 ]{1,64}$"
+)
+
+
+def test_the_approver_sees_every_field_escaped(tmp_path: Path, socket_dir: Path) -> None:
+    """`approvals list` and `approve` show a zero-width space and a backslash escaped.
+
+    The screen cannot pass the argument off as another one: what it prints is one
+    printable ASCII line per field.
+    """
+    hostile = "blue\u200bbird\\x1b[2K"
+    shown_as = "blue\\u200bbird\\\\x1b[2K"
+
+    async def body(running: Running) -> None:
+        socket = ("--socket", str(running.path))
+        call = asyncio.create_task(running.ask({**CALL, "args": {"project_id": hostile}}))
+        [entry] = await pending(running)
+        assert entry["arguments"] == {"project_id": hostile}
+        status, listed, _ = await cli_as(APPROVER, "approvals", "list", *socket)
+        assert status == 0 and shown_as in listed
+        status, out, _ = await cli_as(
+            APPROVER, "approvals", "approve", entry["request_id"], *socket
+        )
+        assert status == 0 and shown_as in out
+        for text in (listed, out):
+            assert text.isascii() and all(line.isprintable() for line in text.splitlines())
+            assert f"command    ci-cli run status --json --project '{shown_as}'" in text
+        await call
+
+    run(tmp_path, socket_dir, body, pattern=LOOSE_PATTERN)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [
+        ("^.{1,64}$", "admits control characters"),
+        ("^\\S+$", "admits control characters"),
+        ("^[^ ]+$", "admits control characters"),
+        ("^[^\\x00-\\x1f\\x7f-\\x9f]+$", "admits control characters"),  # bidi overrides
+        ("^[\\s\\w]+$", "admits control characters"),  # a tab, a newline
+        ("[a-z]+", "admits control characters"),  # searched for: anything around it
+        ("(?m)^[a-z]+$", "admits control characters"),  # one line of several
+        ("^[a-z]+\\z", "cannot be read"),
+    ],
+)
+def test_an_approval_parameter_that_admits_control_characters_is_refused(
+    tmp_path: Path, pattern: str, why: str
+) -> None:
+    """An approval operation's parameter that admits ESC, CR or a bidi override is refused.
+
+    One line naming the file, the key and the reason, at load.
+    """
+    approval_commands(tmp_path, pattern=pattern)
+    with pytest.raises(ConfigError) as error:
+        load(approval_config(tmp_path))
+    text = str(error.value)
+    assert text.startswith(
+        f"{tmp_path / 'commands' / 'job_rerun.toml'}: params.project_id.pattern: "
+    )
+    assert why in text and "\n" not in text
+
+
+def test_an_approval_parameter_without_control_characters_loads(tmp_path: Path) -> None:
+    """Anchored classes that leave every control out load, the shipped patterns among them."""
+    for pattern in (
+        "^[a-z0-9][a-z0-9-]{2,62}$",
+        "^(a|b)[\\w.-]{0,9}$",
+        "^[^\\s\\W]+$",
+        LOOSE_PATTERN,
+    ):
+        approval_commands(tmp_path, pattern=pattern)
+        load(approval_config(tmp_path))
+
+
+def approval_config(tmp_path: Path) -> Config:
+    """A configuration with the commands in ``tmp_path``, hosts `ci` and `local`, an approver."""
+    host = HostSection(address="127.0.0.1", user="nobody", known_hosts=tmp_path / "known_hosts")
+    return Config(
+        paths=PathsSection(commands=tmp_path / "commands", schemas=ROOT / "schemas"),
+        hosts={"ci": host, "local": host},
+        approvals=ApprovalsSection(uids=(APPROVER,)),
+    )
 
 
 def test_approval_needs_an_approver_and_a_bounded_timeout(tmp_path: Path) -> None:

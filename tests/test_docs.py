@@ -280,6 +280,8 @@ def test_the_audit_schema_is_valid_and_its_lists_are_the_codes() -> None:
     assert defs["stage"]["enum"] == list(errors.STAGES)
     assert set(defs["reason"]["enum"]) == reasons
     assert set(defs["transport_reason"]["enum"]) == errors.TRANSPORT_REASONS
+    approval = defs["approval"]["properties"]["reason"]["enum"]
+    assert set(approval) == errors.APPROVER_REFUSALS | errors.APPROVAL_CANCELLATIONS
 
 
 def _answer(result: RunResult) -> Any:

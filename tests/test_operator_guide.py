@@ -562,6 +562,7 @@ APPROVER_PYTHONS: Final = (os.path.realpath(sys.executable), "/usr/bin/python3")
 _NO_CACHE: Final = shutil.ignore_patterns("__pycache__")
 _CALLER: Final = re.compile(r"^  caller     uid (\d+) gid (\d+) pid (\d+)$")
 _EXPIRES: Final = re.compile(r"^  expires    (\S+)$")
+_WAITING: Final = re.compile(r"^  waiting    (\d+)s$")
 
 
 def require_root_and_sudo() -> None:
@@ -751,12 +752,15 @@ def _pending_listing(walk: Walkthrough, approver: Approver) -> list[str]:
 
 
 def _assert_shown(got: list[str], shown: str, request_id: str) -> None:
-    """What the approver is shown is the guide's, but for the caller's ids and the expiry."""
+    """What the approver is shown is the guide's, but for the caller's ids, its wait and the
+    expiry."""
     expected = _lines(shown.replace(SHOWN_REQUEST_ID, request_id))
     assert len(got) == len(expected), got
     for line, want in zip(got, expected, strict=True):
         if (caller := _CALLER.match(line)) and _CALLER.match(want):
             assert caller.group(1, 2) == (str(os.getuid()), str(os.getgid()))
+        elif (waiting := _WAITING.match(line)) and _WAITING.match(want):
+            assert int(waiting[1]) <= APPROVAL_TIMEOUT_SECONDS
         elif (expires := _EXPIRES.match(line)) and _EXPIRES.match(want):
             left = datetime.fromisoformat(expires[1]) - datetime.now(UTC)
             assert 0 < left.total_seconds() <= APPROVAL_TIMEOUT_SECONDS

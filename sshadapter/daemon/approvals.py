@@ -11,19 +11,26 @@ digest the approver approved.
 An approval covers one call (its request id) and the exact command (its sha256); never
 a pattern. Pending approvals survive nothing: a reload that changes the operation, its
 target's hosts or its caller's right to it invalidates them, and the drain cancels
-them. Approvers are the ``[approvals]`` uids and groups, as the kernel names the peer
-(SO_PEERCRED); the call's own caller uid never approves its own call.
+them. Nor do they outlive their caller: one whose connection is gone (a killed CLI, an
+agent host that gave up) is cancelled at once, so an approver never runs a command for
+nobody, nor twice for an agent that asked again. Approvers are the ``[approvals]`` uids
+and groups, as the kernel names the peer (SO_PEERCRED); the call's own caller uid never
+approves its own call.
 
 Events of the ``approval`` record: ``requested``; ``approved`` and ``denied`` (by an
 approver, written before the waiting call learns it); ``timeout``, ``invalidated`` and
-``cancelled`` (written by the waiting call); ``refused`` (an approver's request that
-decided nothing, with its reason from ``errors.APPROVER_REFUSALS``).
+``cancelled`` (written by the waiting call; a ``cancelled`` with its reason from
+``errors.APPROVAL_CANCELLATIONS``); ``refused`` (an approver's request that decided
+nothing, with its reason from ``errors.APPROVER_REFUSALS``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -48,6 +55,18 @@ _REASON_OF: Final = {
 }
 # Every value of sshadapter_approvals_total{outcome} (docs/metrics.md).
 OUTCOMES: Final = ("approved", *_REASON_OF, "refused")
+Watch = Callable[[], AbstractContextManager[asyncio.Future[None]]]
+"""Watches a call's caller while the call waits: the future is done once it has gone."""
+
+
+@contextlib.contextmanager
+def unwatched() -> Iterator[asyncio.Future[None]]:
+    """A caller nobody can see leave (one in this process): its future is never done."""
+    never = asyncio.get_running_loop().create_future()
+    try:
+        yield never
+    finally:
+        never.cancel()
 
 
 @dataclass(eq=False)
@@ -56,6 +75,8 @@ class _Pending:
     args: Mapping[str, Any]
     digest: str
     expires: str
+    since: float = field(default_factory=time.monotonic)
+    """When it began to wait (monotonic): the listing says for how long."""
     decided: asyncio.Future[tuple[str, Approval | None]] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -76,6 +97,7 @@ class _Pending:
             "command": call.command,
             "digest": self.digest,
             "caller": who(call.peer),
+            "waiting_seconds": int(time.monotonic() - self.since),
             "expires": self.expires,
         }
 
@@ -100,9 +122,12 @@ class Approvals:
         """Whether ``peer`` is an approver (its uid, primary or supplementary group)."""
         return self.approvers.admit(peer)
 
-    async def wait(self, call: CallRecord, args: Mapping[str, Any]) -> Approval:
+    async def wait(
+        self, call: CallRecord, args: Mapping[str, Any], watch: Watch = unwatched
+    ) -> Approval:
         """Hold ``call`` until an approver approves it; ApprovalError for any other ending,
-        OverloadedError when ``max_pending`` calls wait already."""
+        OverloadedError when ``max_pending`` calls wait already. ``watch`` sees its caller
+        leave: the call is then cancelled at once."""
         if len(self.pending) >= self.max_pending:
             self.metrics.approvals.labels(call.op.name, "refused").inc()
             raise OverloadedError("approvals_full")
@@ -110,18 +135,25 @@ class Approvals:
         expires = now_text(datetime.now(UTC) + timedelta(seconds=timeout))
         pending = _Pending(call, args, command_digest(call.command), expires)
         self.pending[call.request_id] = pending
+        cancelled_by = "shutdown"  # the drain's ending, unless the caller went first
         try:
-            # Written at once (no await before it): it precedes any decision's record.
-            await self.audit.append(self._record(pending, "requested"))
-            done, _ = await asyncio.wait((pending.decided,), timeout=timeout)
-            if not done and self.pending.pop(call.request_id, None) is not None:
-                outcome, approval = "timeout", None
+            with watch() as gone:
+                # Written at once (no await before it): it precedes any decision's record.
+                await self.audit.append(self._record(pending, "requested"))
+                done, _ = await asyncio.wait(
+                    (pending.decided, gone), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+            still = pending.decided not in done
+            if still and self.pending.pop(call.request_id, None) is not None:
+                outcome, approval = ("cancelled" if gone in done else "timeout"), None
+                cancelled_by = "caller_gone"
             else:  # decided, or an approver's decision is being made durable right now
                 outcome, approval = await pending.decided
         finally:
             self.pending.pop(call.request_id, None)  # a failed write, a cancelled call
         if outcome in ("timeout", "invalidated", "cancelled"):  # the approvers' are written
-            await self.audit.append(self._record(pending, outcome))
+            reason = cancelled_by if outcome == "cancelled" else None
+            await self.audit.append(self._record(pending, outcome, reason=reason))
         self.metrics.approvals.labels(call.op.name, outcome).inc()
         if approval is None:
             raise ApprovalError(_REASON_OF[outcome])
@@ -184,7 +216,12 @@ class Approvals:
         return {"request_id": request_id, "refused": reason}
 
     def _record(
-        self, pending: _Pending, event: str, *, approver: Peer | None = None
+        self,
+        pending: _Pending,
+        event: str,
+        *,
+        approver: Peer | None = None,
+        reason: str | None = None,
     ) -> dict[str, Any]:
         call = pending.call
         record: dict[str, Any] = {
@@ -201,4 +238,6 @@ class Approvals:
             record["expires"] = pending.expires
         if approver is not None:
             record["approver"] = who(approver)
+        if reason is not None:
+            record["reason"] = reason
         return record

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import os
 import select
@@ -40,7 +41,7 @@ from sshadapter.daemon.drift import PolicyMonitor
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.offload import Judge
 from sshadapter.daemon.service import Service
-from sshadapter.daemon.unix_socket import SOCKET_BACKLOG, peer_of
+from sshadapter.daemon.unix_socket import SOCKET_BACKLOG, hangup, peer_of
 from sshadapter.dispatch import policy
 from sshadapter.errors import ConfigError, UpstreamError
 from sshadapter.inventory import Inventory, load_inventory
@@ -330,7 +331,9 @@ class Daemon:
         """Requests in order, one at a time; idle, stalled and non-reading clients are dropped."""
         reader, server = conn.reader, self.config.server
         drops = self.metrics.client_drops
-        peer = peer_of(writer.get_extra_info("socket"))
+        sock = writer.get_extra_info("socket")
+        peer = peer_of(sock)
+        watch = functools.partial(hangup, sock)  # used only by a call waiting for approval
         loop = asyncio.get_running_loop()
         while True:  # during the drain, until the bytes already read run out
             first = b""
@@ -356,7 +359,7 @@ class Daemon:
                 await self._deliver(writer)
                 return
             if self.state is State.SERVING:
-                response = await self.service.handle((first + rest).rstrip(b"\n"), peer)
+                response = await self.service.handle((first + rest).rstrip(b"\n"), peer, watch)
             else:  # read while the drain began: nothing ran; another daemon will answer it
                 response = self.service.refuse("OVERLOADED")
             delivered = await self._answer(writer, response)

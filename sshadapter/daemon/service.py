@@ -34,7 +34,7 @@ from sshadapter.contract import envelope
 from sshadapter.contract.codes import SYSTEM_TOOL, TARGET_ARGUMENT
 from sshadapter.contract.evaluate import Sealed, Verdict, seal_line
 from sshadapter.contract.registry import Operation, Registry
-from sshadapter.daemon.approvals import APPROVER_OPS, Approvals
+from sshadapter.daemon.approvals import APPROVER_OPS, Approvals, Watch, unwatched
 from sshadapter.daemon.audit import AuditLog
 from sshadapter.daemon.authorize import Peer
 from sshadapter.daemon.drift import PolicyMonitor
@@ -243,8 +243,9 @@ class Service:
         """The drain: every call waiting for approval is denied (`approval_cancelled`)."""
         self.approvals.end("cancelled")
 
-    async def handle(self, line: bytes, peer: Peer) -> bytes:
-        """One request line in, one response line out (newline included); never raises."""
+    async def handle(self, line: bytes, peer: Peer, watch: Watch = unwatched) -> bytes:
+        """One request line in, one response line out (newline included); never raises.
+        ``watch`` sees the caller leave while its call waits for approval."""
         request_id = envelope.new_request_id()
         started = time.monotonic()
         try:
@@ -280,7 +281,7 @@ class Service:
                 extra={"request_id": request_id},
             )
             return self._system_answer(request_id, "INTERNAL", started)
-        return await self._call(op, request.args, peer, request_id)
+        return await self._call(op, request.args, peer, request_id, watch)
 
     @property
     def tool_names(self) -> list[str]:
@@ -343,14 +344,14 @@ class Service:
         return self._system_answer(request_id, code, time.monotonic())
 
     async def _call(
-        self, op: Operation, args: Mapping[str, Any], peer: Peer, request_id: str
+        self, op: Operation, args: Mapping[str, Any], peer: Peer, request_id: str, watch: Watch
     ) -> bytes:
         """Stages 2-11 for a known tool: always a response line and a result record."""
         call = CallRecord(op, peer, request_id)
         self.calls[request_id] = call
         try:
             try:
-                verdict = await self._decide(call, args)
+                verdict = await self._decide(call, args, watch)
             except Exception as exc:  # the failure boundary: errors.failure_of maps them all
                 verdict = self._failed(call, exc)
             return await self._commit(call, verdict)
@@ -364,7 +365,7 @@ class Service:
         finally:
             del self.calls[request_id]
 
-    async def _decide(self, call: CallRecord, args: Mapping[str, Any]) -> Verdict:
+    async def _decide(self, call: CallRecord, args: Mapping[str, Any], watch: Watch) -> Verdict:
         """Stages 2-10, each a step; any of them may raise, _call maps what it raises."""
         choices = self.access.choices(call.op, call.peer)
         if not choices:  # 2
@@ -374,7 +375,7 @@ class Service:
         call.op.check_args(args)  # 3
         call.command = call.op.command(args)  # 3: refuses what no remote command can receive
         if call.op.spec.approval.required:
-            call.approval = await self.approvals.wait(call, args)  # 3: a person approves it
+            call.approval = await self.approvals.wait(call, args, watch)  # 3: a person approves
         if call.op.multi:
             with self.admission.ticket() as slots:
                 async with slots:

@@ -1,4 +1,4 @@
-"""The daemon's Unix socket: binding it safely, and who is on the other end.
+"""The daemon's Unix socket: binding it safely, who is on the other end, and whether it left.
 
 Reference: docs/protocol.md (the socket) and docs/operations.md (the socket file).
 The caller's identity comes from SO_PEERCRED and SO_PEERGROUPS, as of connect time.
@@ -6,14 +6,17 @@ The caller's identity comes from SO_PEERCRED and SO_PEERGROUPS, as of connect ti
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import grp
 import logging
 import os
+import select
 import socket
 import stat
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
@@ -102,6 +105,40 @@ def peer_of(sock: socket.socket) -> Peer:
         sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
     )
     return Peer(pid, uid, gid, _peer_groups(sock))
+
+
+@contextlib.contextmanager
+def hangup(sock: socket.socket) -> Iterator[asyncio.Future[None]]:
+    """A future done once the peer has gone: it closed the connection, or it was reset.
+
+    On a Unix stream socket the kernel reports EPOLLHUP once both directions are shut
+    (the peer closed, or shut down both sides; a client that only shut its writing side
+    waits for its answer and is still there) and EPOLLERR on a reset. An epoll set of its
+    own holds the socket with no event asked (those two are reported to every mask), and
+    the loop watches that set: no byte is read, so requests the client sent ahead stay for
+    the conversation, and the fast path pays nothing (only a waiting call is watched).
+    """
+    loop = asyncio.get_running_loop()
+    gone: asyncio.Future[None] = loop.create_future()
+    watch = select.epoll()  # close-on-exec
+
+    def went() -> None:
+        loop.remove_reader(watch.fileno())  # level-triggered: it would be reported forever
+        if not gone.done():
+            gone.set_result(None)
+
+    try:
+        fd = sock.fileno()
+        if fd < 0:  # closed already (a failed write): nobody to answer
+            gone.set_result(None)
+        else:
+            watch.register(fd, 0)
+            loop.add_reader(watch.fileno(), went)
+        yield gone
+    finally:
+        loop.remove_reader(watch.fileno())
+        watch.close()
+        gone.cancel()
 
 
 def _peer_groups(sock: socket.socket) -> frozenset[int]:
