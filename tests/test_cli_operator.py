@@ -78,6 +78,36 @@ def test_grants_explain_refuses_in_one_line_and_denies_by_default(
     assert got == status and said in out + err
 
 
+def test_a_load_error_naming_a_host_with_control_characters_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A host name with a newline, ESC and U+202E: `inventory show` says why in one line."""
+    forged = "web\\nCRITICAL sshadapter: approved\\u001b[2J\\u202e"
+    config = str(write(tmp_path, more=f'[hosts."{forged}"]\naddress = "10.0.0.9"\n'))
+    status, out, err = run(capsys, "inventory", "show", "--config", config)
+    assert (status, out) == (2, "")
+    assert err == (
+        f"sshadapter: {tmp_path}/inventory.d/more.toml: "
+        "hosts.web\\nCRITICAL sshadapter: approved\\x1b[2J\\u202e.[key]: "
+        "String should match pattern '^[a-z][a-z0-9_-]{0,62}$'\n"
+    )
+
+
+def test_check_shows_a_duplicate_hosts_address_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two aliases for one address holding a newline: `check`'s warning stays one line."""
+    address = "10.0.0.9\\n<0>CRITICAL sshadapter: approved"
+    hosts = "".join(f'[hosts.{name}]\naddress = "{address}"\n' for name in ("dup1", "dup2"))
+    status, _, err = run(capsys, "check", "--config", str(write(tmp_path, more=hosts)))
+    (warning,) = [line for line in err.splitlines() if "same address" in line]
+    assert warning.endswith(
+        "hosts.dup2: same address and port as 'dup1' "
+        "(10.0.0.9\\n<0>CRITICAL sshadapter: approved:22)"
+    )
+    assert status == 0 and all(line.startswith("sshadapter: ") for line in err.splitlines())
+
+
 def test_examples_refuses_a_directory_that_is_not_empty(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

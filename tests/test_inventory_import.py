@@ -341,6 +341,59 @@ def test_an_existing_file_is_kept_and_bad_input_is_one_line(
     assert len(done.stderr.splitlines()) == 1
 
 
+def test_hostile_source_names_reach_the_report_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ESC, BEL, U+202E and a newline in source names: every report line one escaped line."""
+    forged = "\x1b[2J\x07\u202eweb\nCRITICAL sshadapter: approved"
+    document = {
+        "_meta": {"hostvars": {forged: {"ansible_host": "10.0.0.1"}, "ok": {}}},
+        "all": {"children": ["ungrouped", "fleet\x07"]},
+        "ungrouped": {"hosts": [forged]},
+        "fleet\x07": {"hosts": ["ok"]},
+    }
+    pins = known_hosts(tmp_path, f"10.0.0.1 {public_key()}")
+    status, err, _ = import_ansible(tmp_path, document, pins, capsys)
+    assert (status, err.splitlines()) == (
+        1,
+        [
+            "sshadapter: left out: \\x1b[2J\\x07\\u202eweb\\nCRITICAL sshadapter: approved: "
+            "'--2j--web-critical-sshadapter--approved' is no target name (^[a-z][a-z0-9_-]{0,62}$; "
+            "name it in the source, e.g. an Ansible alias with ansible_host)",
+            "sshadapter: left out: host ok: no key pinned for ok in "
+            f"{pins} (import never fetches keys)",
+            "sshadapter: left out: group fleet\\x07: no imported host (an empty group is refused)",
+            f"sshadapter: no host imported: {tmp_path / 'inventory.d' / 'imported.toml'} "
+            "not written",
+        ],
+    )
+
+
+def test_a_value_of_the_wrong_type_is_one_line_naming_file_key_and_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A group named with a newline whose hosts are no list, a list as a connection: one line."""
+    pins = known_hosts(tmp_path, f"10.0.0.1 {public_key()}")
+    status, err, _ = import_ansible(tmp_path, {"web\nCRITICAL x": {"hosts": 5}}, pins, capsys)
+    assert (status, err) == (
+        2,
+        f"sshadapter: {tmp_path / 'inventory.json'}: web\\nCRITICAL x.hosts: "
+        "expected a list of names\n",
+    )
+    document = {
+        "_meta": {"hostvars": {"a1": {"ansible_host": "10.0.0.1", "ansible_connection": []}}},
+        "all": {"children": ["ungrouped"]},
+        "ungrouped": {"hosts": ["a1"]},
+    }
+    status, err, _ = import_ansible(tmp_path, document, pins, capsys)
+    assert (status, err) == (
+        1,
+        "sshadapter: left out: host a1: ansible_connection is [], not SSH\n"
+        "sshadapter: no host imported: "
+        f"{tmp_path / 'inventory.d' / 'imported.toml'} not written\n",
+    )
+
+
 @pytest.mark.skipif(not ANSIBLE_INVENTORY.exists(), reason="ansible-inventory is not cached here")
 def test_real_ansible_inventory_output_imports(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

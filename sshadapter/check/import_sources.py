@@ -28,6 +28,7 @@ from typing import Any, Final
 from sshadapter.bounded_read import read_bounded
 from sshadapter.config import LABEL_WORD, MAX_LABELS
 from sshadapter.errors import ConfigError
+from sshadapter.shown import shown
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
 # `ansible-inventory --list` without --export copies every group variable into every host:
@@ -136,7 +137,7 @@ def from_ansible(path: Path, label_vars: Sequence[str]) -> Source:
         variables.update(own)
         described = _ansible_host(source, variables, label_vars)
         if isinstance(described, str):
-            left_out.append(f"host {source}: {described}")
+            left_out.append(f"host {shown(source)}: {described}")
         else:
             hosts.append(described)
     kept_groups = {
@@ -206,7 +207,7 @@ def _ansible_host(
 ) -> Host | str:
     """A Host, or the reason it is left out."""
     connection = variables.get("ansible_connection", "ssh")
-    if connection not in SSH_CONNECTIONS:
+    if not isinstance(connection, str) or connection not in SSH_CONNECTIONS:
         return f"ansible_connection is {connection!r}, not SSH"
     for name in ANSIBLE_SSH_ARGS:
         if variables.get(name):
@@ -252,20 +253,20 @@ def from_ssh_config(aliases: Sequence[str], ssh_config: Path | None, user: str) 
         resolved = _ssh_g(alias, ssh_config, user)
         if resolved.get("proxycommand", "none") != "none":
             left_out.append(
-                f"host {alias}: proxycommand {resolved['proxycommand']} (only a ProxyJump "
-                "to another imported alias is mapped, to via)"
+                f"host {shown(alias)}: proxycommand {shown(resolved['proxycommand'])} (only a "
+                "ProxyJump to another imported alias is mapped, to via)"
             )
             continue
         jump = resolved.get("proxyjump", "none")
         if jump != "none" and (jump not in wanted or jump == alias):
             left_out.append(
-                f"host {alias}: proxyjump {jump} (mapped to via only when it is one other "
-                "alias imported in the same run: add it to the aliases)"
+                f"host {shown(alias)}: proxyjump {shown(jump)} (mapped to via only when it is "
+                "one other alias imported in the same run: add it to the aliases)"
             )
             continue
         port = resolved.get("port", str(DEFAULT_SSH_PORT))
         if not port.isdigit():
-            left_out.append(f"host {alias}: ssh -G gives port {port!r}")
+            left_out.append(f"host {shown(alias)}: ssh -G gives port {port!r}")
             continue
         address = resolved.get("hostname", alias)
         via = "" if jump == "none" else jump

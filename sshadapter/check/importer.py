@@ -33,6 +33,7 @@ from sshadapter.check.import_sources import DEFAULT_SSH_PORT, Host, Source, targ
 from sshadapter.config import LABEL_WORD, TARGET_NAME, HostDefaults
 from sshadapter.errors import ConfigError
 from sshadapter.inventory import MAX_VIA_HOPS
+from sshadapter.shown import shown
 
 # The daemon reads known_hosts with the same cap (runners/ssh/dial.py MAX_KNOWN_HOSTS_BYTES).
 MAX_KNOWN_HOSTS_BYTES: Final = 4 * 1024 * 1024
@@ -90,7 +91,7 @@ def plan(
         if re.fullmatch(TARGET_NAME, name) is None:
             for claimant in claimants:
                 result.left_out.append(
-                    f"{claimant}: {name!r} is no target name ({TARGET_NAME}; name it in the "
+                    f"{shown(claimant)}: {name!r} is no target name ({TARGET_NAME}; name it in the "
                     "source, e.g. an Ansible alias with ansible_host)"
                 )
         elif len(claimants) > 1:
@@ -105,10 +106,10 @@ def plan(
             continue
         checked = _host_entry(host, known_hosts, known_hosts_path, user)
         if isinstance(checked, str):
-            result.left_out.append(f"host {host.source}: {checked}")
+            result.left_out.append(f"host {shown(host.source)}: {checked}")
             continue
         entry, dropped = checked
-        result.left_out.extend(f"label of host {host.source}: {why}" for why in dropped)
+        result.left_out.extend(f"label of host {shown(host.source)}: {why}" for why in dropped)
         result.hosts[alias] = entry
         host_aliases[host.source] = alias
         if alias != host.source:
@@ -168,14 +169,17 @@ def _plan_vias(source: Source, host_aliases: dict[str, str], result: Plan) -> No
             hop = jumps.get(hop, "")
         if hop or len(hops) > MAX_VIA_HOPS:
             why = "in a cycle" if hop else f"more than {MAX_VIA_HOPS}"
-            result.left_out.append(f"host {name}: jump hosts {why}: {' -> '.join([name, *hops])}")
+            chain = shown(" -> ".join([name, *hops]))
+            result.left_out.append(f"host {shown(name)}: jump hosts {why}: {chain}")
             del result.hosts[host_aliases.pop(name)]
     changed = True
     while changed:  # a host behind one left out (or behind one behind it) goes too
         changed = False
         for name, via in sorted(jumps.items()):
             if name in host_aliases and via not in host_aliases:
-                result.left_out.append(f"host {name}: its jump host {via} is not imported")
+                result.left_out.append(
+                    f"host {shown(name)}: its jump host {shown(via)} is not imported"
+                )
                 del result.hosts[host_aliases.pop(name)]
                 changed = True
     for name, via in jumps.items():
@@ -205,7 +209,9 @@ def _plan_groups(
         if target is None:
             continue
         if not below(name, ()):
-            result.left_out.append(f"group {name}: no imported host (an empty group is refused)")
+            result.left_out.append(
+                f"group {shown(name)}: no imported host (an empty group is refused)"
+            )
             continue
         members = []
         for member in source.groups[name]:
