@@ -23,6 +23,7 @@ import orjson
 from sshadapter import __version__, client
 from sshadapter.errors import ConfigError
 from sshadapter.shipped import docs_location
+from sshadapter.shown import shown
 
 if TYPE_CHECKING:
     from sshadapter.config import Config
@@ -1043,6 +1044,7 @@ def _cmd_inventory_import(args: argparse.Namespace) -> int:
     import json
 
     from sshadapter.check import import_sources, importer
+    from sshadapter.inventory import MAX_GROUP_NESTING
 
     importer.check_target(args.write, force=args.force)
     if args.user:
@@ -1059,6 +1061,13 @@ def _cmd_inventory_import(args: argparse.Namespace) -> int:
     plan = importer.plan(source, known_hosts, known_hosts_path, args.user)
     for line in plan.left_out:
         print(f"sshadapter: left out: {line}", file=sys.stderr)
+    if plan.flattened:
+        print(
+            f"sshadapter: note: {len(plan.flattened)} group(s) with more than "
+            f"{MAX_GROUP_NESTING} levels of groups below them written with their hosts as "
+            f"members (flattened: same hosts): {shown(', '.join(plan.flattened))}",
+            file=sys.stderr,
+        )
     if not plan.hosts:
         print(f"sshadapter: no host imported: {args.write} not written", file=sys.stderr)
         return EXIT_FAILED

@@ -16,6 +16,7 @@ from test_inventory import write
 from sshadapter.cli import main
 from sshadapter.config import load_config
 from sshadapter.inventory import load_inventory, via_chain
+from sshadapter.shown import shown
 
 ROOT = Path(__file__).resolve().parents[1]
 ANSIBLE_INVENTORY = Path.home() / ".cache/sshadapter-bench/ansible-venv/bin/ansible-inventory"
@@ -392,6 +393,36 @@ def test_a_value_of_the_wrong_type_is_one_line_naming_file_key_and_reason(
         "sshadapter: no host imported: "
         f"{tmp_path / 'inventory.d' / 'imported.toml'} not written\n",
     )
+
+
+@pytest.mark.parametrize("levels", [16, 17, 20, 1000])
+def test_a_chain_of_groups_of_any_depth_imports_into_a_file_the_daemon_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], levels: int
+) -> None:
+    """g0 > g1 > ... > gN-1 > a host: groups too deep for the daemon are flattened, said once."""
+    document: dict[str, Any] = {
+        "_meta": {"hostvars": {"h1": {"ansible_host": "10.0.0.1"}}},
+        "all": {"children": ["g0"]},
+        f"g{levels - 1}": {"hosts": ["h1"]},
+    }
+    for level in range(levels - 1):
+        document[f"g{level}"] = {"children": [f"g{level + 1}"]}
+    pins = known_hosts(tmp_path, f"10.0.0.1 {public_key()}")
+    status, err, target = import_ansible(tmp_path, document, pins, capsys, "--user", "ops")
+    flattened = [f"g{level}" for level in range(levels - 17, -1, -16)]
+    assert status == 0
+    if flattened:
+        assert err == (
+            f"sshadapter: note: {len(flattened)} group(s) with more than 16 levels of groups "
+            "below them written with their hosts as members (flattened: same hosts): "
+            f"{shown(', '.join(flattened))}\n"
+        )
+    else:
+        assert err == ""
+    loaded = tmp_path / "loaded"
+    loaded.mkdir()
+    inventory = load_inventory(load_config(write(loaded, more=target.read_text()))[0])
+    assert all(inventory.members(f"g{level}") == ("h1",) for level in range(levels))
 
 
 @pytest.mark.skipif(not ANSIBLE_INVENTORY.exists(), reason="ansible-inventory is not cached here")

@@ -162,24 +162,49 @@ def _names(value: Any, file: str, key: str) -> list[str]:
 
 def _depths(children: Mapping[str, list[str]], file: str) -> dict[str, int]:
     """Each group's depth below ``all`` (0), the longest way down, as Ansible counts it."""
-    parents: dict[str, set[str]] = {name: set() for name in children}
+    parents: dict[str, list[str]] = {name: [] for name in children}
     for name, kids in children.items():
         for kid in kids:
-            parents[kid].add(name)
+            parents[kid].append(name)
     depth: dict[str, int] = {}
-
-    def visit(name: str, path: tuple[str, ...]) -> int:
-        if name in path:
-            cycle = " -> ".join((*path[path.index(name) :], name))
-            raise ConfigError(file, f"{name}.children", f"groups contain each other: {cycle}")
-        if name not in depth:
-            above = [visit(p, (*path, name)) for p in parents[name]]
-            depth[name] = 0 if name == "all" else max(above, default=0) + 1
-        return depth[name]
-
-    for name in children:
-        visit(name, ())
+    for name in named_first(parents, file):
+        above = [depth[p] for p in parents[name]]
+        depth[name] = 0 if name == "all" else max(above, default=0) + 1
     return depth
+
+
+def named_first(graph: Mapping[str, Sequence[str]], file: str) -> list[str]:
+    """Every key of ``graph`` after the keys it names, or ConfigError for a cycle.
+
+    A loop with its own stack, not recursion: a source may chain groups any number deep
+    (a chain of 1,000 is no error here; Python's stack would end at about that depth).
+    """
+    order: list[str] = []
+    done: set[str] = set()
+    for start in graph:
+        if start in done:
+            continue
+        stack = [(start, iter(graph[start]))]
+        on_stack = {start}
+        while stack:
+            name, pending = stack[-1]
+            for named in pending:
+                if named in on_stack:
+                    path = [n for n, _ in stack]
+                    cycle = " -> ".join((*path[path.index(named) :], named))
+                    raise ConfigError(
+                        file, f"{named}.children", f"groups contain each other: {cycle}"
+                    )
+                if named in graph and named not in done:
+                    stack.append((named, iter(graph[named])))
+                    on_stack.add(named)
+                    break
+            else:
+                stack.pop()
+                on_stack.discard(name)
+                done.add(name)
+                order.append(name)
+    return order
 
 
 def _hosts_below(

@@ -29,10 +29,16 @@ import orjson
 from pydantic import ValidationError
 
 from sshadapter.bounded_read import read_bounded
-from sshadapter.check.import_sources import DEFAULT_SSH_PORT, Host, Source, target_name
+from sshadapter.check.import_sources import (
+    DEFAULT_SSH_PORT,
+    Host,
+    Source,
+    named_first,
+    target_name,
+)
 from sshadapter.config import LABEL_WORD, TARGET_NAME, HostDefaults
 from sshadapter.errors import ConfigError
-from sshadapter.inventory import MAX_VIA_HOPS
+from sshadapter.inventory import MAX_GROUP_NESTING, MAX_VIA_HOPS
 from sshadapter.shown import shown
 
 # The daemon reads known_hosts with the same cap (runners/ssh/dial.py MAX_KNOWN_HOSTS_BYTES).
@@ -51,6 +57,9 @@ class Plan:
     renamed: dict[str, str] = field(default_factory=dict)
     """alias -> the source's name, when they differ (a comment in the file)."""
     left_out: list[str] = field(default_factory=list)
+    flattened: list[str] = field(default_factory=list)
+    """Source names of the groups written with their hosts: more than MAX_GROUP_NESTING
+    levels of groups below them, which the daemon refuses."""
 
 
 def read_known_hosts(path: Path) -> asyncssh.SSHKnownHosts:
@@ -190,36 +199,37 @@ def _plan_vias(source: Source, host_aliases: dict[str, str], result: Plan) -> No
 def _plan_groups(
     source: Source, usable: Mapping[str, str], host_aliases: Mapping[str, str], result: Plan
 ) -> None:
-    """Groups with their imported members; a group left with no host is reported, not written."""
+    """Groups with their imported members; a group left with no host is reported, not
+    written; a group with more than MAX_GROUP_NESTING levels of groups below it is written
+    with its hosts instead (flattened: the same set), so the daemon loads every file."""
+    groups_in = {
+        name: [m for m in members if m in source.groups and m in usable]
+        for name, members in source.groups.items()
+    }
     hosts_of: dict[str, set[str]] = {}
-
-    def below(name: str, path: tuple[str, ...]) -> set[str]:
-        if name not in hosts_of:
-            found: set[str] = set()
-            for member in source.groups.get(name, ()):
-                if member in host_aliases:
-                    found.add(host_aliases[member])
-                elif member in source.groups and member not in path and member in usable:
-                    found |= below(member, (*path, name))
-            hosts_of[name] = found
-        return hosts_of[name]
-
+    levels: dict[str, int] = {}  # a written group's levels of groups, itself the first
+    written: dict[str, list[str]] = {}
+    for name in named_first(groups_in, "the source"):  # a group after the groups it names
+        kept = [group for group in groups_in[name] if hosts_of[group]]
+        hosts = {host_aliases[m] for m in source.groups[name] if m in host_aliases}
+        hosts_of[name] = hosts.union(*(hosts_of[group] for group in kept))
+        levels[name] = 1 + max((levels[group] for group in kept), default=0)
+        written[name] = sorted(hosts | {usable[group] for group in kept})
+        if levels[name] > MAX_GROUP_NESTING:
+            levels[name] = 1
+            written[name] = sorted(hosts_of[name])
+            if name in usable:
+                result.flattened.append(name)
     for name in sorted(source.groups):
         target = usable.get(name)
         if target is None:
             continue
-        if not below(name, ()):
+        if not hosts_of[name]:
             result.left_out.append(
                 f"group {shown(name)}: no imported host (an empty group is refused)"
             )
             continue
-        members = []
-        for member in source.groups[name]:
-            if member in host_aliases:
-                members.append(host_aliases[member])
-            elif member in source.groups and member in usable and below(member, ()):
-                members.append(usable[member])
-        result.groups[target] = sorted(set(members))
+        result.groups[target] = written[name]
         if target != name:
             result.renamed[target] = name
 
