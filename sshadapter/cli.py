@@ -314,7 +314,11 @@ def _add_import(inventory_sub: Any) -> None:
             metavar="FILE",
             help="the known_hosts file that must pin each host; written as the hosts' known_hosts",
         )
-        source.add_argument("--user", default="", help="[host_defaults] user of the file")
+        source.add_argument(
+            "--user",
+            default="",
+            help="every host's user, over ansible_user and User lines ([host_defaults] user)",
+        )
         source.add_argument(
             "--write",
             type=Path,

@@ -84,18 +84,20 @@ def test_ansible_groups_children_and_hostvars_become_hosts_and_groups(
         f"10.0.0.1,10.0.0.3,10.0.1.1,10.0.1.2,192.0.2.50 {key}",
         f"[10.0.0.2]:2222 {key}",
     )
-    status, err, target = import_ansible(
-        tmp_path, EXPORT, pins, capsys, "--labels", "role,env", "--user", "ops"
-    )
+    status, err, target = import_ansible(tmp_path, EXPORT, pins, capsys, "--labels", "role,env")
     assert (status, err) == (0, "")
     written = tomllib.loads(target.read_text())
-    assert written["host_defaults"] == {"known_hosts": str(pins), "user": "ops"}
+    assert written["host_defaults"] == {"known_hosts": str(pins)}
     assert written["hosts"] == {
         "db1": {"address": "10.0.1.1", "user": "postgres", "labels": {"role": "db"}},
-        "db2": {"address": "10.0.1.2", "labels": {"role": "db"}},
-        "lone": {"address": "192.0.2.50"},
-        "web1-example-com": {"address": "10.0.0.1", "labels": {"env": "prod", "role": "web"}},
-        "web2": {"address": "10.0.0.2", "port": 2222, "labels": {"role": "web"}},
+        "db2": {"address": "10.0.1.2", "user": "ops", "labels": {"role": "db"}},
+        "lone": {"address": "192.0.2.50", "user": "ops"},
+        "web1-example-com": {
+            "address": "10.0.0.1",
+            "user": "ops",
+            "labels": {"env": "prod", "role": "web"},
+        },
+        "web2": {"address": "10.0.0.2", "port": 2222, "user": "ops", "labels": {"role": "web"}},
         "web3": {"address": "10.0.0.3", "user": "deploy", "labels": {"env": "prod"}},
     }
     assert written["groups"] == {
@@ -423,6 +425,41 @@ def test_a_chain_of_groups_of_any_depth_imports_into_a_file_the_daemon_loads(
     loaded.mkdir()
     inventory = load_inventory(load_config(write(loaded, more=target.read_text()))[0])
     assert all(inventory.members(f"g{level}") == ("h1",) for level in range(levels))
+
+
+def test_ssh_config_without_a_user_line_writes_no_user(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A host no User line matches gets no user (not ssh -G's local account); one that does, it."""
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        "Host web-a\n  HostName 10.0.0.1\n\nHost db-a\n  HostName 10.0.0.2\n  User postgres\n"
+    )
+    pins = known_hosts(tmp_path, f"10.0.0.1,10.0.0.2 {public_key()}")
+    (tmp_path / "inventory.d").mkdir()
+    target = tmp_path / "inventory.d" / "ssh.toml"
+    argv = ["inventory", "import", "ssh-config", "web-a", "db-a", "--ssh-config", str(ssh_config)]
+    status, _, err = run(*argv, "--known-hosts", str(pins), "--write", str(target), capsys=capsys)
+    assert (status, err) == (
+        0,
+        "sshadapter: note: 1 host(s) without a user take the configuration's "
+        "[host_defaults] user\n",
+    )
+    assert tomllib.loads(target.read_text())["hosts"] == {
+        "db-a": {"address": "10.0.0.2", "user": "postgres"},
+        "web-a": {"address": "10.0.0.1"},
+    }
+
+
+def test_the_command_line_user_wins_over_ansible_user(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--user is every host's user, as with ssh-config's -l: no ansible_user is written."""
+    pins = known_hosts(tmp_path, f"10.0.0.*,10.0.1.*,192.0.2.50 {public_key()}")
+    status, _, target = import_ansible(tmp_path, EXPORT, pins, capsys, "--user", "ops")
+    written = tomllib.loads(target.read_text())
+    assert status == 0 and written["host_defaults"]["user"] == "ops"
+    assert [alias for alias, host in written["hosts"].items() if "user" in host] == []
 
 
 @pytest.mark.skipif(not ANSIBLE_INVENTORY.exists(), reason="ansible-inventory is not cached here")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,10 @@ MAX_ANSIBLE_JSON_DEPTH: Final = 64
 SSH_G_TIMEOUT_SECONDS: Final = 10.0
 # What `ssh -G` prints is a few KiB; its last error line (the reason) is all a report needs.
 MAX_SSH_ERROR_CHARS: Final = 300
+# The user `_stated_user` sets after the configuration: a name no configuration would give.
+UNSTATED_USER: Final = "sshadapter-import-no-user-line"
+# What `ssh` reads without -F: the user's file, then the system's (OpenSSH's SSHDIR).
+DEFAULT_SSH_CONFIGS: Final = ("~/.ssh/config", "/etc/ssh/ssh_config")
 DEFAULT_SSH_PORT: Final = 22  # known_hosts entries for port 22 carry no "[host]:port"
 ANSIBLE_DEFAULT_PRIORITY: Final = 1  # ansible_group_priority when a group does not set it
 # Ansible connection plugins that are OpenSSH (or speak SSH like it); anything else is not a host
@@ -295,8 +300,28 @@ def from_ssh_config(aliases: Sequence[str], ssh_config: Path | None, user: str) 
             continue
         address = resolved.get("hostname", alias)
         via = "" if jump == "none" else jump
-        hosts.append(Host(alias, address, int(port), resolved.get("user", ""), {}, via))
+        stated = resolved.get("user", "") if user else _stated_user(alias, ssh_config)
+        hosts.append(Host(alias, address, int(port), stated, {}, via))
     return Source(hosts, {}, left_out)
+
+
+def _stated_user(alias: str, ssh_config: Path | None) -> str:
+    """The user a line of the configuration gives ``alias``, or "" when none does.
+
+    ``ssh -G`` always prints a user: without a ``User`` line, the local account's name,
+    which says nothing about the host. So the same configuration is asked again with
+    ``Host * User UNSTATED_USER`` after it; OpenSSH keeps the first value it obtains, so
+    the answer is UNSTATED_USER exactly when no line of the configuration matched with a
+    ``User``. (The configuration is read as an ``Include`` there, which OpenSSH refuses
+    when someone else may write it, as it refuses such a ~/.ssh/config.)
+    """
+    included = [str(ssh_config.resolve())] if ssh_config is not None else DEFAULT_SSH_CONFIGS
+    with tempfile.TemporaryDirectory(prefix="sshadapter-import-") as directory:
+        probe = Path(directory) / "ssh_config"
+        lines = [*(f'Include "{path}"' for path in included), "Host *", f"User {UNSTATED_USER}"]
+        probe.write_text("\n".join(lines) + "\n")
+        user = _ssh_g(alias, probe, "").get("user", "")
+    return "" if user == UNSTATED_USER else user
 
 
 def _ssh_g(alias: str, ssh_config: Path | None, user: str) -> dict[str, str]:

@@ -151,7 +151,7 @@ def _host_entry(
     entry: dict[str, Any] = {"address": address}
     if host.port != DEFAULT_SSH_PORT:
         entry["port"] = host.port
-    if host.user and host.user != user:
+    if host.user and not user:  # --user wins: it is every host's user, in [host_defaults]
         entry["user"] = host.user
     if labels:
         entry["labels"] = labels
