@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from sshadapter.contract.registry import Registry
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# `grants explain` of a uid without a passwd entry: its primary group is unknown, and no
+# gid a group name resolves to is negative, so this one matches no `groups` of a grant.
+NO_GID: Final = -1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1105,16 +1108,29 @@ def _cmd_grants_explain(args: argparse.Namespace) -> int:
     if op is None:
         print(f"sshadapter: no tool {args.tool!r} in {registry_dir(registry)}", file=sys.stderr)
         return EXIT_USAGE
+    numeric = args.uid.isascii() and args.uid.isdigit()
     try:
-        user = pwd.getpwuid(int(args.uid)) if args.uid.isdigit() else pwd.getpwnam(args.uid)
-    except (KeyError, OverflowError):
-        print(f"sshadapter: no user {args.uid!r} on this system", file=sys.stderr)
+        user = pwd.getpwuid(int(args.uid)) if numeric else pwd.getpwnam(args.uid)
+    except KeyError:
+        user = None
+    except OverflowError:
+        print(f"sshadapter: uid {args.uid} is out of range", file=sys.stderr)
         return EXIT_USAGE
-    groups = frozenset(os.getgrouplist(user.pw_name, user.pw_gid))
-    peer = Peer(pid=0, uid=user.pw_uid, gid=user.pw_gid, groups=groups)
+    if user is not None:
+        groups = frozenset(os.getgrouplist(user.pw_name, user.pw_gid))
+        peer = Peer(pid=0, uid=user.pw_uid, gid=user.pw_gid, groups=groups)
+        names = ", ".join(sorted(grp.getgrgid(g).gr_name for g in groups if _group_exists(g)))
+        who = f"{user.pw_name}; groups: {names or '-'}"
+    elif numeric:
+        # The daemon honours a uid without a passwd entry ([[grants]] uids, SO_PEERCRED): its
+        # groups are the calling process's, unknown here, so only what names the uid counts.
+        peer = Peer(pid=0, uid=int(args.uid), gid=NO_GID)
+        who = "no passwd entry; groups: none known, only grants and allow naming the uid count"
+    else:
+        print(f"sshadapter: no user '{shown(args.uid)}' on this system", file=sys.stderr)
+        return EXIT_USAGE
     access = Access(registry, load_inventory(config), config.grants, config.server.allow)
-    names = ", ".join(sorted(grp.getgrgid(g).gr_name for g in groups if _group_exists(g)))
-    print(f"uid {user.pw_uid} ({user.pw_name}; groups: {names or '-'}), {op.name}, {args.target}")
+    print(f"uid {peer.uid} ({who}), {op.name}, {shown(args.target)}")
     for line in access.explain(op, peer, args.target):
         print(f"  {line}")
     return EXIT_OK if args.target in access.choices(op, peer) else EXIT_FAILED

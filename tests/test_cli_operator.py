@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 from pathlib import Path
 
 import orjson
 import pytest
 from daemon_harness import Running, with_daemon
-from test_inventory import write
+from test_inventory import HEAD, write
 
 from sshadapter.cli import main
 from sshadapter.config import ApprovalsSection
@@ -61,6 +62,7 @@ def test_inventory_show_of_an_unknown_name_is_one_line(
     [
         ("0", "no_such_tool", 2, "no tool 'no_such_tool'"),
         ("no-such-user-here", "disk_usage", 2, "no user 'no-such-user-here'"),
+        ("\u00b2", "disk_usage", 2, "no user '\u00b2'"),  # a digit to isdigit(), not to int()
         ("0", "disk_usage", 1, "decision: DENY"),
     ],
 )
@@ -76,6 +78,24 @@ def test_grants_explain_refuses_in_one_line_and_denies_by_default(
     config = str(write(tmp_path))
     got, out, err = run(capsys, "grants", "explain", who, tool, "local", "--config", config)
     assert got == status and said in out + err
+
+
+def test_grants_explain_takes_a_uid_without_a_passwd_entry(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A uid no passwd entry names is explained as the daemon decides it: by the uid alone."""
+    uid = next(n for n in range(54321, 64000) if n not in {u.pw_uid for u in pwd.getpwall()})
+    grant = f'[[grants]]\nuids = [{uid}]\ntools = ["disk_usage"]\ntargets = ["local"]\n'
+    config = str(write(tmp_path, HEAD + grant))
+    status, out, err = run(
+        capsys, "grants", "explain", str(uid), "disk_usage", "local", "--config", config
+    )
+    assert (status, err) == (0, "")
+    assert out.splitlines()[0] == (
+        f"uid {uid} (no passwd entry; groups: none known, only grants and allow naming the uid "
+        "count), disk_usage, local"
+    )
+    assert "  grants[0] gives local" in out and "decision: ALLOW" in out
 
 
 def test_a_load_error_naming_a_host_with_control_characters_is_one_line(

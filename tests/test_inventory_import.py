@@ -74,6 +74,19 @@ def import_ansible(
     return status, err, target
 
 
+def import_ssh_config(
+    tmp_path: Path, text: str, pins: Path, capsys: pytest.CaptureFixture[str], *argv: str
+) -> tuple[int, str, str, Path]:
+    """`inventory import ssh-config ARGV` with ``text`` as its --ssh-config file."""
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(text)
+    (tmp_path / "inventory.d").mkdir(exist_ok=True)
+    target = tmp_path / "inventory.d" / "ssh.toml"
+    options = ["--ssh-config", str(ssh_config), "--known-hosts", str(pins), "--write", str(target)]
+    status, out, err = run("inventory", "import", "ssh-config", *argv, *options, capsys=capsys)
+    return status, out, err, target
+
+
 def test_ansible_groups_children_and_hostvars_become_hosts_and_groups(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -239,19 +252,16 @@ def test_ssh_g_resolves_aliases_and_a_proxyjump_host_is_left_out(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """OpenSSH's own answer (Host, Match, Port, User, -l); a jump host not imported: out."""
-    ssh_config = tmp_path / "ssh_config"
-    ssh_config.write_text(
+    text = (
         "Host web-a\n  HostName 10.0.0.1\n  Port 2222\n\n"
         "Host inner\n  HostName 10.0.0.9\n  ProxyJump bastion\n\n"
         "Match host db-*\n  HostName 10.0.1.1\n  User postgres\n\n"
         "Host *\n  User fleet\n"
     )
     pins = known_hosts(tmp_path, f"[10.0.0.1]:2222,10.0.1.1,10.0.0.9 {public_key()}")
-    (tmp_path / "inventory.d").mkdir()
-    target = tmp_path / "inventory.d" / "ssh.toml"
-    argv = ["inventory", "import", "ssh-config", "web-a", "db-main", "inner"]
-    options = ["--ssh-config", str(ssh_config), "--known-hosts", str(pins), "--write", str(target)]
-    status, out, err = run(*argv, *options, capsys=capsys)
+    status, out, err, target = import_ssh_config(
+        tmp_path, text, pins, capsys, "web-a", "db-main", "inner"
+    )
     assert status == 1
     assert err == (
         "sshadapter: left out: host inner: proxyjump bastion (mapped to via only when it is "
@@ -262,7 +272,9 @@ def test_ssh_g_resolves_aliases_and_a_proxyjump_host_is_left_out(
         "db-main": {"address": "10.0.1.1", "user": "postgres"},
         "web-a": {"address": "10.0.0.1", "port": 2222, "user": "fleet"},
     }
-    status, _, _ = run(*argv[:-1], *options, "--user", "ops", "--force", capsys=capsys)
+    status, _, _, _ = import_ssh_config(
+        tmp_path, text, pins, capsys, "web-a", "db-main", "--user", "ops", "--force"
+    )
     written = tomllib.loads(target.read_text())
     assert status == 0
     assert written["host_defaults"]["user"] == "ops"
@@ -273,8 +285,7 @@ def test_a_proxyjump_to_an_imported_alias_becomes_via(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """ProxyJump ALIAS, ALIAS imported too: via; user@host:port, a cycle, an unpinned jump: out."""
-    ssh_config = tmp_path / "ssh_config"
-    ssh_config.write_text(
+    text = (
         "Host bastion\n  HostName 10.0.0.8\n  ProxyJump none\n\n"
         "Host inner\n  HostName 10.0.0.9\n  ProxyJump bastion\n\n"
         "Host deeper\n  HostName 10.0.0.10\n  ProxyJump inner\n\n"
@@ -286,13 +297,8 @@ def test_a_proxyjump_to_an_imported_alias_becomes_via(
         "Host *\n  User fleet\n"
     )
     pins = known_hosts(tmp_path, f"10.0.0.* {public_key()}")
-    (tmp_path / "inventory.d").mkdir()
-    target = tmp_path / "inventory.d" / "ssh.toml"
     aliases = ["bastion", "inner", "deeper", "odd", "loop-a", "loop-b", "behind-unpinned"]
-    options = ["--ssh-config", str(ssh_config), "--known-hosts", str(pins), "--write", str(target)]
-    status, _, err = run(
-        "inventory", "import", "ssh-config", *aliases, "unpinned", *options, capsys=capsys
-    )
+    status, _, err, target = import_ssh_config(tmp_path, text, pins, capsys, *aliases, "unpinned")
     assert status == 1
     assert "host odd: proxyjump jump@[10.0.0.8]:22 (mapped to via only when" in err
     assert "host loop-a: jump hosts in a cycle: loop-a -> loop-b\n" in err
@@ -431,15 +437,9 @@ def test_ssh_config_without_a_user_line_writes_no_user(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A host no User line matches gets no user (not ssh -G's local account); one that does, it."""
-    ssh_config = tmp_path / "ssh_config"
-    ssh_config.write_text(
-        "Host web-a\n  HostName 10.0.0.1\n\nHost db-a\n  HostName 10.0.0.2\n  User postgres\n"
-    )
+    text = "Host web-a\n  HostName 10.0.0.1\n\nHost db-a\n  HostName 10.0.0.2\n  User postgres\n"
     pins = known_hosts(tmp_path, f"10.0.0.1,10.0.0.2 {public_key()}")
-    (tmp_path / "inventory.d").mkdir()
-    target = tmp_path / "inventory.d" / "ssh.toml"
-    argv = ["inventory", "import", "ssh-config", "web-a", "db-a", "--ssh-config", str(ssh_config)]
-    status, _, err = run(*argv, "--known-hosts", str(pins), "--write", str(target), capsys=capsys)
+    status, _, err, target = import_ssh_config(tmp_path, text, pins, capsys, "web-a", "db-a")
     assert (status, err) == (
         0,
         "sshadapter: note: 1 host(s) without a user take the configuration's "
