@@ -332,7 +332,8 @@ def test_an_existing_file_is_kept_and_bad_input_is_one_line(
     status, err, _ = import_ansible(tmp_path, {"web": {"hosts": "web1"}}, pins, capsys, "--force")
     assert (status, err) == (
         2,
-        f"sshadapter: {tmp_path / 'inventory.json'}: web.hosts: expected a list of names\n",
+        f"sshadapter: {tmp_path / 'inventory.json'}: web.hosts: expected a list of names, "
+        "found str\n",
     )
     missing = tmp_path / "absent_config"
     done = subprocess.run(
@@ -381,23 +382,29 @@ def test_hostile_source_names_reach_the_report_escaped(
 def test_a_value_of_the_wrong_type_is_one_line_naming_file_key_and_reason(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A group named with a newline whose hosts are no list, a list as a connection: one line."""
+    """A newline-named group's non-list hosts, a list as connection, "²" as port: one line each."""
     pins = known_hosts(tmp_path, f"10.0.0.1 {public_key()}")
     status, err, _ = import_ansible(tmp_path, {"web\nCRITICAL x": {"hosts": 5}}, pins, capsys)
     assert (status, err) == (
         2,
         f"sshadapter: {tmp_path / 'inventory.json'}: web\\nCRITICAL x.hosts: "
-        "expected a list of names\n",
+        "expected a list of names, found int\n",
     )
     document = {
-        "_meta": {"hostvars": {"a1": {"ansible_host": "10.0.0.1", "ansible_connection": []}}},
+        "_meta": {
+            "hostvars": {
+                "a1": {"ansible_host": "10.0.0.1", "ansible_connection": []},
+                "a2": {"ansible_host": "10.0.0.1", "ansible_port": "\u00b2"},
+            }
+        },
         "all": {"children": ["ungrouped"]},
-        "ungrouped": {"hosts": ["a1"]},
+        "ungrouped": {"hosts": ["a1", "a2"]},
     }
     status, err, _ = import_ansible(tmp_path, document, pins, capsys)
     assert (status, err) == (
         1,
         "sshadapter: left out: host a1: ansible_connection is [], not SSH\n"
+        "sshadapter: left out: host a2: ansible_port is not a number: '\u00b2'\n"
         "sshadapter: no host imported: "
         f"{tmp_path / 'inventory.d' / 'imported.toml'} not written\n",
     )

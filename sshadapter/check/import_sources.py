@@ -160,8 +160,10 @@ def _object(value: Any, file: str, key: str) -> dict[str, Any]:
 
 
 def _names(value: Any, file: str, key: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(file, key, "expected a list of names")
+    if not isinstance(value, list):
+        raise ConfigError(file, key, f"expected a list of names, found {type(value).__name__}")
+    if not all(isinstance(v, str) for v in value):
+        raise ConfigError(file, key, "expected a list of names, found a list holding a non-name")
     return value
 
 
@@ -248,8 +250,8 @@ def _ansible_host(
     for value, key in ((address, "ansible_host"), (port, "ansible_port"), (user, "ansible_user")):
         if isinstance(value, _Conflict):
             return f"{key} and {value.other} differ ({value.values})"
-    if isinstance(port, str) and port.isdigit():
-        port = int(port)  # INI inventories give text
+    if isinstance(port, str) and port.isascii() and port.isdigit():
+        port = int(port)  # INI inventories give text ("²" is a digit to isdigit, not to int)
     if not isinstance(port, int) or isinstance(port, bool):
         return f"ansible_port is not a number: {port!r}"
     if not isinstance(address, str) or not isinstance(user, str):
@@ -295,7 +297,7 @@ def from_ssh_config(aliases: Sequence[str], ssh_config: Path | None, user: str) 
             )
             continue
         port = resolved.get("port", str(DEFAULT_SSH_PORT))
-        if not port.isdigit():
+        if not (port.isascii() and port.isdigit()):
             left_out.append(f"host {shown(alias)}: ssh -G gives port {port!r}")
             continue
         address = resolved.get("hostname", alias)
