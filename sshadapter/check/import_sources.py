@@ -122,10 +122,13 @@ def from_ansible(path: Path, label_vars: Sequence[str]) -> Source:
     for name in {kid for kids in children.values() for kid in kids} - groups.keys():
         groups[name], members[name], children[name] = {}, [], []  # named, absent: empty
     depth = _depths(children, file)
+    below: dict[str, set[str]] = {}  # a group's hosts, its children's included
+    for name in named_first(children, file):  # a group after its children: one pass
+        below[name] = set(members[name]).union(*(below[kid] for kid in children[name]))
     in_groups: dict[str, set[str]] = {}
-    for name in groups:
-        for below in _hosts_below(name, members, children):
-            in_groups.setdefault(below, set()).add(name)
+    for name, found in below.items():
+        for host in found:
+            in_groups.setdefault(host, set()).add(name)
     for source in hostvars:  # every host is in `all`, listed or not
         in_groups.setdefault(source, set()).update({"all"} & groups.keys())
     hosts: list[Host] = []
@@ -212,21 +215,6 @@ def named_first(graph: Mapping[str, Sequence[str]], file: str) -> list[str]:
                 done.add(name)
                 order.append(name)
     return order
-
-
-def _hosts_below(
-    name: str, members: Mapping[str, list[str]], children: Mapping[str, list[str]]
-) -> set[str]:
-    seen: set[str] = set()
-    todo = [name]
-    found: set[str] = set()
-    while todo:
-        group = todo.pop()
-        if group not in seen:
-            seen.add(group)
-            found.update(members.get(group, ()))
-            todo.extend(children.get(group, ()))
-    return found
 
 
 def _priority(group: Mapping[str, Any]) -> int:
