@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import subprocess
 import sys
 import tomllib
@@ -444,9 +446,14 @@ def test_ssh_config_without_a_user_line_writes_no_user(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A host no User line matches gets no user (not ssh -G's local account); one that does, it."""
-    text = "Host web-a\n  HostName 10.0.0.1\n\nHost db-a\n  HostName 10.0.0.2\n  User postgres\n"
-    pins = known_hosts(tmp_path, f"10.0.0.1,10.0.0.2 {public_key()}")
-    status, _, err, target = import_ssh_config(tmp_path, text, pins, capsys, "web-a", "db-a")
+    me = pwd.getpwuid(os.getuid()).pw_name
+    text = (
+        "Host web-a\n  HostName 10.0.0.1\n\nHost db-a\n  HostName 10.0.0.2\n  User postgres\n\n"
+        f"Host mine\n  HostName 10.0.0.3\n  User {me}\n"
+    )
+    pins = known_hosts(tmp_path, f"10.0.0.1,10.0.0.2,10.0.0.3 {public_key()}")
+    aliases = ("web-a", "db-a", "mine")
+    status, _, err, target = import_ssh_config(tmp_path, text, pins, capsys, *aliases)
     assert (status, err) == (
         0,
         "sshadapter: note: 1 host(s) without a user take the configuration's "
@@ -454,6 +461,7 @@ def test_ssh_config_without_a_user_line_writes_no_user(
     )
     assert tomllib.loads(target.read_text())["hosts"] == {
         "db-a": {"address": "10.0.0.2", "user": "postgres"},
+        "mine": {"address": "10.0.0.3", "user": me},  # stated, though ssh -G's default too
         "web-a": {"address": "10.0.0.1"},
     }
 

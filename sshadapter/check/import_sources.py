@@ -18,6 +18,8 @@ has; ``importer`` decides what is written.
 
 from __future__ import annotations
 
+import os
+import pwd
 import re
 import subprocess
 import tempfile
@@ -290,21 +292,26 @@ def from_ssh_config(aliases: Sequence[str], ssh_config: Path | None, user: str) 
             continue
         address = resolved.get("hostname", alias)
         via = "" if jump == "none" else jump
-        stated = resolved.get("user", "") if user else _stated_user(alias, ssh_config)
+        said = resolved.get("user", "")
+        stated = said if user else _stated_user(alias, ssh_config, said)
         hosts.append(Host(alias, address, int(port), stated, {}, via))
     return Source(hosts, {}, left_out)
 
 
-def _stated_user(alias: str, ssh_config: Path | None) -> str:
-    """The user a line of the configuration gives ``alias``, or "" when none does.
+def _stated_user(alias: str, ssh_config: Path | None, said: str) -> str:
+    """The user a line of the configuration gives ``alias``, or "" when none does; ``said``
+    is what ``ssh -G`` printed for it.
 
     ``ssh -G`` always prints a user: without a ``User`` line, the local account's name,
-    which says nothing about the host. So the same configuration is asked again with
-    ``Host * User UNSTATED_USER`` after it; OpenSSH keeps the first value it obtains, so
-    the answer is UNSTATED_USER exactly when no line of the configuration matched with a
-    ``User``. (The configuration is read as an ``Include`` there, which OpenSSH refuses
-    when someone else may write it, as it refuses such a ~/.ssh/config.)
+    which says nothing about the host. Any other name came from a line. The local name
+    may be either, so the same configuration is asked again with ``Host * User
+    UNSTATED_USER`` after it; OpenSSH keeps the first value it obtains, so the answer is
+    UNSTATED_USER exactly when no line of the configuration matched with a ``User``. (The
+    configuration is read as an ``Include`` there, which OpenSSH refuses when someone else
+    may write it, as it refuses such a ~/.ssh/config.)
     """
+    if said != pwd.getpwuid(os.getuid()).pw_name:  # the account ssh itself looks up
+        return said
     included = [str(ssh_config.resolve())] if ssh_config is not None else DEFAULT_SSH_CONFIGS
     with tempfile.TemporaryDirectory(prefix="sshadapter-import-") as directory:
         probe = Path(directory) / "ssh_config"
