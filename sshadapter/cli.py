@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from sshadapter.contract.registry import Registry
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# `grants explain` of a uid without a passwd entry: its primary group is unknown, and no
+# gid a group name resolves to is negative, so this one matches no `groups` of a grant.
+NO_GID: Final = -1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -315,7 +318,11 @@ def _add_import(inventory_sub: Any) -> None:
             metavar="FILE",
             help="the known_hosts file that must pin each host; written as the hosts' known_hosts",
         )
-        source.add_argument("--user", default="", help="[host_defaults] user of the file")
+        source.add_argument(
+            "--user",
+            default="",
+            help="every host's user, over ansible_user and User lines ([host_defaults] user)",
+        )
         source.add_argument(
             "--write",
             type=Path,
@@ -1074,6 +1081,7 @@ def _cmd_inventory_import(args: argparse.Namespace) -> int:
     import json
 
     from sshadapter.check import import_sources, importer
+    from sshadapter.inventory import MAX_GROUP_NESTING
 
     importer.check_target(args.write, force=args.force)
     if args.user:
@@ -1090,6 +1098,13 @@ def _cmd_inventory_import(args: argparse.Namespace) -> int:
     plan = importer.plan(source, known_hosts, known_hosts_path, args.user)
     for line in plan.left_out:
         print(f"sshadapter: left out: {line}", file=sys.stderr)
+    if plan.flattened:
+        print(
+            f"sshadapter: note: {len(plan.flattened)} group(s) with more than "
+            f"{MAX_GROUP_NESTING} levels of groups below them written with their hosts as "
+            f"members (flattened: same hosts): {shown(', '.join(plan.flattened))}",
+            file=sys.stderr,
+        )
     if not plan.hosts:
         print(f"sshadapter: no host imported: {args.write} not written", file=sys.stderr)
         return EXIT_FAILED
@@ -1123,16 +1138,29 @@ def _cmd_grants_explain(args: argparse.Namespace) -> int:
     if op is None:
         print(f"sshadapter: no tool {args.tool!r} in {registry_dir(registry)}", file=sys.stderr)
         return EXIT_USAGE
+    numeric = args.uid.isascii() and args.uid.isdigit()
     try:
-        user = pwd.getpwuid(int(args.uid)) if args.uid.isdigit() else pwd.getpwnam(args.uid)
-    except (KeyError, OverflowError):
-        print(f"sshadapter: no user {args.uid!r} on this system", file=sys.stderr)
+        user = pwd.getpwuid(int(args.uid)) if numeric else pwd.getpwnam(args.uid)
+    except KeyError:
+        user = None
+    except OverflowError:
+        print(f"sshadapter: uid {args.uid} is out of range", file=sys.stderr)
         return EXIT_USAGE
-    groups = frozenset(os.getgrouplist(user.pw_name, user.pw_gid))
-    peer = Peer(pid=0, uid=user.pw_uid, gid=user.pw_gid, groups=groups)
+    if user is not None:
+        groups = frozenset(os.getgrouplist(user.pw_name, user.pw_gid))
+        peer = Peer(pid=0, uid=user.pw_uid, gid=user.pw_gid, groups=groups)
+        names = ", ".join(sorted(grp.getgrgid(g).gr_name for g in groups if _group_exists(g)))
+        who = f"{user.pw_name}; groups: {names or '-'}"
+    elif numeric:
+        # The daemon honours a uid without a passwd entry ([[grants]] uids, SO_PEERCRED): its
+        # groups are the calling process's, unknown here, so only what names the uid counts.
+        peer = Peer(pid=0, uid=int(args.uid), gid=NO_GID)
+        who = "no passwd entry; groups: none known, only grants and allow naming the uid count"
+    else:
+        print(f"sshadapter: no user '{shown(args.uid)}' on this system", file=sys.stderr)
+        return EXIT_USAGE
     access = Access(registry, load_inventory(config), config.grants, config.server.allow)
-    names = ", ".join(sorted(grp.getgrgid(g).gr_name for g in groups if _group_exists(g)))
-    print(f"uid {user.pw_uid} ({user.pw_name}; groups: {names or '-'}), {op.name}, {args.target}")
+    print(f"uid {peer.uid} ({who}), {op.name}, {shown(args.target)}")
     for line in access.explain(op, peer, args.target):
         print(f"  {line}")
     return EXIT_OK if args.target in access.choices(op, peer) else EXIT_FAILED

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from sshadapter.shown import shown
 from sshadapter.strict_json import REASONS as JSON_REASONS
 
 Stage = Literal[
@@ -200,13 +201,25 @@ class SshadapterError(Exception):
 
 
 class ConfigError(SshadapterError):
-    """An operator mistake: names the file, the key and the reason."""
+    """An operator mistake: names the file, the key and the reason.
+
+    Its text is one line whatever the parts hold: a key is often a name from the file
+    itself (a host, a group), a reason may quote a value or another program's message, and
+    a file name is whatever the directory holds. A part with a character that is not
+    printable is ``shown``; a printable one stays as it is, so a reason's advice about a
+    pattern keeps its single backslashes. The attributes stay as given.
+    """
 
     def __init__(self, file: str, key: str, reason: str) -> None:
         self.file = file
         self.key = key
         self.reason = reason
-        super().__init__(f"{file}: {key}: {reason}" if key else f"{file}: {reason}")
+        parts = (file, key, reason) if key else (file, reason)
+        super().__init__(": ".join(_one_line(part) for part in parts))
+
+
+def _one_line(part: str) -> str:
+    return part if part.isprintable() else shown(part, None)
 
 
 class RequestError(SshadapterError):

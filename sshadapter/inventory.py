@@ -18,6 +18,7 @@ from typing import Final
 
 from sshadapter.config import Config, GroupSection, HostSection
 from sshadapter.errors import ConfigError
+from sshadapter.shown import shown
 
 # A group may name groups that name groups: deeper than this is a mistake, not a design.
 MAX_GROUP_NESTING: Final = 16
@@ -60,8 +61,9 @@ class Inventory:
             first = seen.setdefault((address.lower(), port), alias)
             if first != alias:
                 where = self.origins.get(alias, "<config>")
-                found.append(
-                    f"{where}: hosts.{alias}: same address and port as {first!r} ({address}:{port})"
+                found.append(  # the address is any text the file gives: shown, never raw
+                    f"{shown(where, None)}: hosts.{alias}: same address and port as {first!r} "
+                    f"({shown(address)}:{port})"
                 )
         return found
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 from pathlib import Path
 
 import orjson
 import pytest
 from daemon_harness import Running, with_daemon
 from test_audit import other_account
-from test_inventory import write
+from test_inventory import HEAD, write
 
 from sshadapter.cli import main
 from sshadapter.config import ApprovalsSection
@@ -62,6 +63,7 @@ def test_inventory_show_of_an_unknown_name_is_one_line(
     [
         ("0", "no_such_tool", 2, "no tool 'no_such_tool'"),
         ("no-such-user-here", "disk_usage", 2, "no user 'no-such-user-here'"),
+        ("\u00b2", "disk_usage", 2, "no user '\u00b2'"),  # a digit to isdigit(), not to int()
         ("0", "disk_usage", 1, "decision: DENY"),
     ],
 )
@@ -77,6 +79,54 @@ def test_grants_explain_refuses_in_one_line_and_denies_by_default(
     config = str(write(tmp_path))
     got, out, err = run(capsys, "grants", "explain", who, tool, "local", "--config", config)
     assert got == status and said in out + err
+
+
+def test_grants_explain_takes_a_uid_without_a_passwd_entry(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A uid no passwd entry names is explained as the daemon decides it: by the uid alone."""
+    uid = next(n for n in range(54321, 64000) if n not in {u.pw_uid for u in pwd.getpwall()})
+    grant = f'[[grants]]\nuids = [{uid}]\ntools = ["disk_usage"]\ntargets = ["local"]\n'
+    config = str(write(tmp_path, HEAD + grant))
+    status, out, err = run(
+        capsys, "grants", "explain", str(uid), "disk_usage", "local", "--config", config
+    )
+    assert (status, err) == (0, "")
+    assert out.splitlines()[0] == (
+        f"uid {uid} (no passwd entry; groups: none known, only grants and allow naming the uid "
+        "count), disk_usage, local"
+    )
+    assert "  grants[0] gives local" in out and "decision: ALLOW" in out
+
+
+def test_a_load_error_naming_a_host_with_control_characters_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A host name with a newline, ESC and U+202E: `inventory show` says why in one line."""
+    forged = "web\\nCRITICAL sshadapter: approved\\u001b[2J\\u202e"
+    config = str(write(tmp_path, more=f'[hosts."{forged}"]\naddress = "10.0.0.9"\n'))
+    status, out, err = run(capsys, "inventory", "show", "--config", config)
+    assert (status, out) == (2, "")
+    assert err == (
+        f"sshadapter: {tmp_path}/inventory.d/more.toml: "
+        "hosts.web\\nCRITICAL sshadapter: approved\\x1b[2J\\u202e.[key]: "
+        "String should match pattern '^[a-z][a-z0-9_-]{0,62}$'\n"
+    )
+
+
+def test_check_shows_a_duplicate_hosts_address_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two aliases for one address holding a newline: `check`'s warning stays one line."""
+    address = "10.0.0.9\\n<0>CRITICAL sshadapter: approved"
+    hosts = "".join(f'[hosts.{name}]\naddress = "{address}"\n' for name in ("dup1", "dup2"))
+    status, _, err = run(capsys, "check", "--config", str(write(tmp_path, more=hosts)))
+    (warning,) = [line for line in err.splitlines() if "same address" in line]
+    assert warning.endswith(
+        "hosts.dup2: same address and port as 'dup1' "
+        "(10.0.0.9\\n<0>CRITICAL sshadapter: approved:22)"
+    )
+    assert status == 0 and all(line.startswith("sshadapter: ") for line in err.splitlines())
 
 
 def test_examples_refuses_a_directory_that_is_not_empty(

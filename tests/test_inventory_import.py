@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import subprocess
 import sys
 import tomllib
@@ -16,6 +18,7 @@ from test_inventory import write
 from sshadapter.cli import main
 from sshadapter.config import load_config
 from sshadapter.inventory import load_inventory, via_chain
+from sshadapter.shown import shown
 
 ROOT = Path(__file__).resolve().parents[1]
 ANSIBLE_INVENTORY = Path.home() / ".cache/sshadapter-bench/ansible-venv/bin/ansible-inventory"
@@ -73,6 +76,19 @@ def import_ansible(
     return status, err, target
 
 
+def import_ssh_config(
+    tmp_path: Path, text: str, pins: Path, capsys: pytest.CaptureFixture[str], *argv: str
+) -> tuple[int, str, str, Path]:
+    """`inventory import ssh-config ARGV` with ``text`` as its --ssh-config file."""
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(text)
+    (tmp_path / "inventory.d").mkdir(exist_ok=True)
+    target = tmp_path / "inventory.d" / "ssh.toml"
+    options = ["--ssh-config", str(ssh_config), "--known-hosts", str(pins), "--write", str(target)]
+    status, out, err = run("inventory", "import", "ssh-config", *argv, *options, capsys=capsys)
+    return status, out, err, target
+
+
 def test_ansible_groups_children_and_hostvars_become_hosts_and_groups(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -83,18 +99,20 @@ def test_ansible_groups_children_and_hostvars_become_hosts_and_groups(
         f"10.0.0.1,10.0.0.3,10.0.1.1,10.0.1.2,192.0.2.50 {key}",
         f"[10.0.0.2]:2222 {key}",
     )
-    status, err, target = import_ansible(
-        tmp_path, EXPORT, pins, capsys, "--labels", "role,env", "--user", "ops"
-    )
+    status, err, target = import_ansible(tmp_path, EXPORT, pins, capsys, "--labels", "role,env")
     assert (status, err) == (0, "")
     written = tomllib.loads(target.read_text())
-    assert written["host_defaults"] == {"known_hosts": str(pins), "user": "ops"}
+    assert written["host_defaults"] == {"known_hosts": str(pins)}
     assert written["hosts"] == {
         "db1": {"address": "10.0.1.1", "user": "postgres", "labels": {"role": "db"}},
-        "db2": {"address": "10.0.1.2", "labels": {"role": "db"}},
-        "lone": {"address": "192.0.2.50"},
-        "web1-example-com": {"address": "10.0.0.1", "labels": {"env": "prod", "role": "web"}},
-        "web2": {"address": "10.0.0.2", "port": 2222, "labels": {"role": "web"}},
+        "db2": {"address": "10.0.1.2", "user": "ops", "labels": {"role": "db"}},
+        "lone": {"address": "192.0.2.50", "user": "ops"},
+        "web1-example-com": {
+            "address": "10.0.0.1",
+            "user": "ops",
+            "labels": {"env": "prod", "role": "web"},
+        },
+        "web2": {"address": "10.0.0.2", "port": 2222, "user": "ops", "labels": {"role": "web"}},
         "web3": {"address": "10.0.0.3", "user": "deploy", "labels": {"env": "prod"}},
     }
     assert written["groups"] == {
@@ -236,19 +254,16 @@ def test_ssh_g_resolves_aliases_and_a_proxyjump_host_is_left_out(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """OpenSSH's own answer (Host, Match, Port, User, -l); a jump host not imported: out."""
-    ssh_config = tmp_path / "ssh_config"
-    ssh_config.write_text(
+    text = (
         "Host web-a\n  HostName 10.0.0.1\n  Port 2222\n\n"
         "Host inner\n  HostName 10.0.0.9\n  ProxyJump bastion\n\n"
         "Match host db-*\n  HostName 10.0.1.1\n  User postgres\n\n"
         "Host *\n  User fleet\n"
     )
     pins = known_hosts(tmp_path, f"[10.0.0.1]:2222,10.0.1.1,10.0.0.9 {public_key()}")
-    (tmp_path / "inventory.d").mkdir()
-    target = tmp_path / "inventory.d" / "ssh.toml"
-    argv = ["inventory", "import", "ssh-config", "web-a", "db-main", "inner"]
-    options = ["--ssh-config", str(ssh_config), "--known-hosts", str(pins), "--write", str(target)]
-    status, out, err = run(*argv, *options, capsys=capsys)
+    status, out, err, target = import_ssh_config(
+        tmp_path, text, pins, capsys, "web-a", "db-main", "inner"
+    )
     assert status == 1
     assert err == (
         "sshadapter: left out: host inner: proxyjump bastion (mapped to via only when it is "
@@ -259,7 +274,9 @@ def test_ssh_g_resolves_aliases_and_a_proxyjump_host_is_left_out(
         "db-main": {"address": "10.0.1.1", "user": "postgres"},
         "web-a": {"address": "10.0.0.1", "port": 2222, "user": "fleet"},
     }
-    status, _, _ = run(*argv[:-1], *options, "--user", "ops", "--force", capsys=capsys)
+    status, _, _, _ = import_ssh_config(
+        tmp_path, text, pins, capsys, "web-a", "db-main", "--user", "ops", "--force"
+    )
     written = tomllib.loads(target.read_text())
     assert status == 0
     assert written["host_defaults"]["user"] == "ops"
@@ -270,8 +287,7 @@ def test_a_proxyjump_to_an_imported_alias_becomes_via(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """ProxyJump ALIAS, ALIAS imported too: via; user@host:port, a cycle, an unpinned jump: out."""
-    ssh_config = tmp_path / "ssh_config"
-    ssh_config.write_text(
+    text = (
         "Host bastion\n  HostName 10.0.0.8\n  ProxyJump none\n\n"
         "Host inner\n  HostName 10.0.0.9\n  ProxyJump bastion\n\n"
         "Host deeper\n  HostName 10.0.0.10\n  ProxyJump inner\n\n"
@@ -283,13 +299,8 @@ def test_a_proxyjump_to_an_imported_alias_becomes_via(
         "Host *\n  User fleet\n"
     )
     pins = known_hosts(tmp_path, f"10.0.0.* {public_key()}")
-    (tmp_path / "inventory.d").mkdir()
-    target = tmp_path / "inventory.d" / "ssh.toml"
     aliases = ["bastion", "inner", "deeper", "odd", "loop-a", "loop-b", "behind-unpinned"]
-    options = ["--ssh-config", str(ssh_config), "--known-hosts", str(pins), "--write", str(target)]
-    status, _, err = run(
-        "inventory", "import", "ssh-config", *aliases, "unpinned", *options, capsys=capsys
-    )
+    status, _, err, target = import_ssh_config(tmp_path, text, pins, capsys, *aliases, "unpinned")
     assert status == 1
     assert "host odd: proxyjump jump@[10.0.0.8]:22 (mapped to via only when" in err
     assert "host loop-a: jump hosts in a cycle: loop-a -> loop-b\n" in err
@@ -323,7 +334,8 @@ def test_an_existing_file_is_kept_and_bad_input_is_one_line(
     status, err, _ = import_ansible(tmp_path, {"web": {"hosts": "web1"}}, pins, capsys, "--force")
     assert (status, err) == (
         2,
-        f"sshadapter: {tmp_path / 'inventory.json'}: web.hosts: expected a list of names\n",
+        f"sshadapter: {tmp_path / 'inventory.json'}: web.hosts: expected a list of names, "
+        "found str\n",
     )
     missing = tmp_path / "absent_config"
     done = subprocess.run(
@@ -368,6 +380,130 @@ def test_the_inventory_is_never_written_through_a_link_or_into_a_shared_director
     assert "db1" in tomllib.loads(target.read_text())["hosts"]
     assert secret.read_text() == "root only\n"
     assert sorted(directory.iterdir()) == [target]  # no temporary file left behind
+
+
+def test_hostile_source_names_reach_the_report_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ESC, BEL, U+202E and a newline in source names: every report line one escaped line."""
+    forged = "\x1b[2J\x07\u202eweb\nCRITICAL sshadapter: approved"
+    document = {
+        "_meta": {"hostvars": {forged: {"ansible_host": "10.0.0.1"}, "ok": {}}},
+        "all": {"children": ["ungrouped", "fleet\x07"]},
+        "ungrouped": {"hosts": [forged]},
+        "fleet\x07": {"hosts": ["ok"]},
+    }
+    pins = known_hosts(tmp_path, f"10.0.0.1 {public_key()}")
+    status, err, _ = import_ansible(tmp_path, document, pins, capsys)
+    assert (status, err.splitlines()) == (
+        1,
+        [
+            "sshadapter: left out: \\x1b[2J\\x07\\u202eweb\\nCRITICAL sshadapter: approved: "
+            "'--2j--web-critical-sshadapter--approved' is no target name (^[a-z][a-z0-9_-]{0,62}$; "
+            "name it in the source, e.g. an Ansible alias with ansible_host)",
+            "sshadapter: left out: host ok: no key pinned for ok in "
+            f"{pins} (import never fetches keys)",
+            "sshadapter: left out: group fleet\\x07: no imported host (an empty group is refused)",
+            f"sshadapter: no host imported: {tmp_path / 'inventory.d' / 'imported.toml'} "
+            "not written",
+        ],
+    )
+
+
+def test_a_value_of_the_wrong_type_is_one_line_naming_file_key_and_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A newline-named group's non-list hosts, a list as connection, "²" as port: one line each."""
+    pins = known_hosts(tmp_path, f"10.0.0.1 {public_key()}")
+    status, err, _ = import_ansible(tmp_path, {"web\nCRITICAL x": {"hosts": 5}}, pins, capsys)
+    assert (status, err) == (
+        2,
+        f"sshadapter: {tmp_path / 'inventory.json'}: web\\nCRITICAL x.hosts: "
+        "expected a list of names, found int\n",
+    )
+    document = {
+        "_meta": {
+            "hostvars": {
+                "a1": {"ansible_host": "10.0.0.1", "ansible_connection": []},
+                "a2": {"ansible_host": "10.0.0.1", "ansible_port": "\u00b2"},
+            }
+        },
+        "all": {"children": ["ungrouped"]},
+        "ungrouped": {"hosts": ["a1", "a2"]},
+    }
+    status, err, _ = import_ansible(tmp_path, document, pins, capsys)
+    assert (status, err) == (
+        1,
+        "sshadapter: left out: host a1: ansible_connection is [], not SSH\n"
+        "sshadapter: left out: host a2: ansible_port is not a number: '\u00b2'\n"
+        "sshadapter: no host imported: "
+        f"{tmp_path / 'inventory.d' / 'imported.toml'} not written\n",
+    )
+
+
+@pytest.mark.parametrize("levels", [16, 17, 20, 1000])
+def test_a_chain_of_groups_of_any_depth_imports_into_a_file_the_daemon_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], levels: int
+) -> None:
+    """g0 > g1 > ... > gN-1 > a host: groups too deep for the daemon are flattened, said once."""
+    document: dict[str, Any] = {
+        "_meta": {"hostvars": {"h1": {"ansible_host": "10.0.0.1"}}},
+        "all": {"children": ["g0"]},
+        f"g{levels - 1}": {"hosts": ["h1"]},
+    }
+    for level in range(levels - 1):
+        document[f"g{level}"] = {"children": [f"g{level + 1}"]}
+    pins = known_hosts(tmp_path, f"10.0.0.1 {public_key()}")
+    status, err, target = import_ansible(tmp_path, document, pins, capsys, "--user", "ops")
+    flattened = [f"g{level}" for level in range(levels - 17, -1, -16)]
+    assert status == 0
+    if flattened:
+        assert err == (
+            f"sshadapter: note: {len(flattened)} group(s) with more than 16 levels of groups "
+            "below them written with their hosts as members (flattened: same hosts): "
+            f"{shown(', '.join(flattened))}\n"
+        )
+    else:
+        assert err == ""
+    loaded = tmp_path / "loaded"
+    loaded.mkdir()
+    inventory = load_inventory(load_config(write(loaded, more=target.read_text()))[0])
+    assert all(inventory.members(f"g{level}") == ("h1",) for level in range(levels))
+
+
+def test_ssh_config_without_a_user_line_writes_no_user(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A host no User line matches gets no user (not ssh -G's local account); one that does, it."""
+    me = pwd.getpwuid(os.getuid()).pw_name
+    text = (
+        "Host web-a\n  HostName 10.0.0.1\n\nHost db-a\n  HostName 10.0.0.2\n  User postgres\n\n"
+        f"Host mine\n  HostName 10.0.0.3\n  User {me}\n"
+    )
+    pins = known_hosts(tmp_path, f"10.0.0.1,10.0.0.2,10.0.0.3 {public_key()}")
+    aliases = ("web-a", "db-a", "mine")
+    status, _, err, target = import_ssh_config(tmp_path, text, pins, capsys, *aliases)
+    assert (status, err) == (
+        0,
+        "sshadapter: note: 1 host(s) without a user take the configuration's "
+        "[host_defaults] user\n",
+    )
+    assert tomllib.loads(target.read_text())["hosts"] == {
+        "db-a": {"address": "10.0.0.2", "user": "postgres"},
+        "mine": {"address": "10.0.0.3", "user": me},  # stated, though ssh -G's default too
+        "web-a": {"address": "10.0.0.1"},
+    }
+
+
+def test_the_command_line_user_wins_over_ansible_user(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--user is every host's user, as with ssh-config's -l: no ansible_user is written."""
+    pins = known_hosts(tmp_path, f"10.0.0.*,10.0.1.*,192.0.2.50 {public_key()}")
+    status, _, target = import_ansible(tmp_path, EXPORT, pins, capsys, "--user", "ops")
+    written = tomllib.loads(target.read_text())
+    assert status == 0 and written["host_defaults"]["user"] == "ops"
+    assert [alias for alias, host in written["hosts"].items() if "user" in host] == []
 
 
 @pytest.mark.skipif(not ANSIBLE_INVENTORY.exists(), reason="ansible-inventory is not cached here")

@@ -18,8 +18,11 @@ has; ``importer`` decides what is written.
 
 from __future__ import annotations
 
+import os
+import pwd
 import re
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +31,7 @@ from typing import Any, Final
 from sshadapter.bounded_read import read_bounded
 from sshadapter.config import LABEL_WORD, MAX_LABELS
 from sshadapter.errors import ConfigError
+from sshadapter.shown import shown
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
 # `ansible-inventory --list` without --export copies every group variable into every host:
@@ -40,6 +44,10 @@ MAX_ANSIBLE_JSON_DEPTH: Final = 64
 SSH_G_TIMEOUT_SECONDS: Final = 10.0
 # What `ssh -G` prints is a few KiB; its last error line (the reason) is all a report needs.
 MAX_SSH_ERROR_CHARS: Final = 300
+# The user `_stated_user` sets after the configuration: a name no configuration would give.
+UNSTATED_USER: Final = "sshadapter-import-no-user-line"
+# What `ssh` reads without -F: the user's file, then the system's (OpenSSH's SSHDIR).
+DEFAULT_SSH_CONFIGS: Final = ("~/.ssh/config", "/etc/ssh/ssh_config")
 DEFAULT_SSH_PORT: Final = 22  # known_hosts entries for port 22 carry no "[host]:port"
 ANSIBLE_DEFAULT_PRIORITY: Final = 1  # ansible_group_priority when a group does not set it
 # Ansible connection plugins that are OpenSSH (or speak SSH like it); anything else is not a host
@@ -116,10 +124,13 @@ def from_ansible(path: Path, label_vars: Sequence[str]) -> Source:
     for name in {kid for kids in children.values() for kid in kids} - groups.keys():
         groups[name], members[name], children[name] = {}, [], []  # named, absent: empty
     depth = _depths(children, file)
+    below: dict[str, set[str]] = {}  # a group's hosts, its children's included
+    for name in named_first(children, file):  # a group after its children: one pass
+        below[name] = set(members[name]).union(*(below[kid] for kid in children[name]))
     in_groups: dict[str, set[str]] = {}
-    for name in groups:
-        for below in _hosts_below(name, members, children):
-            in_groups.setdefault(below, set()).add(name)
+    for name, found in below.items():
+        for host in found:
+            in_groups.setdefault(host, set()).add(name)
     for source in hostvars:  # every host is in `all`, listed or not
         in_groups.setdefault(source, set()).update({"all"} & groups.keys())
     hosts: list[Host] = []
@@ -136,7 +147,7 @@ def from_ansible(path: Path, label_vars: Sequence[str]) -> Source:
         variables.update(own)
         described = _ansible_host(source, variables, label_vars)
         if isinstance(described, str):
-            left_out.append(f"host {source}: {described}")
+            left_out.append(f"host {shown(source)}: {described}")
         else:
             hosts.append(described)
     kept_groups = {
@@ -154,46 +165,58 @@ def _object(value: Any, file: str, key: str) -> dict[str, Any]:
 
 
 def _names(value: Any, file: str, key: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(file, key, "expected a list of names")
+    if not isinstance(value, list):
+        raise ConfigError(file, key, f"expected a list of names, found {type(value).__name__}")
+    if not all(isinstance(v, str) for v in value):
+        raise ConfigError(file, key, "expected a list of names, found a list holding a non-name")
     return value
 
 
 def _depths(children: Mapping[str, list[str]], file: str) -> dict[str, int]:
     """Each group's depth below ``all`` (0), the longest way down, as Ansible counts it."""
-    parents: dict[str, set[str]] = {name: set() for name in children}
+    parents: dict[str, list[str]] = {name: [] for name in children}
     for name, kids in children.items():
         for kid in kids:
-            parents[kid].add(name)
+            parents[kid].append(name)
     depth: dict[str, int] = {}
-
-    def visit(name: str, path: tuple[str, ...]) -> int:
-        if name in path:
-            cycle = " -> ".join((*path[path.index(name) :], name))
-            raise ConfigError(file, f"{name}.children", f"groups contain each other: {cycle}")
-        if name not in depth:
-            above = [visit(p, (*path, name)) for p in parents[name]]
-            depth[name] = 0 if name == "all" else max(above, default=0) + 1
-        return depth[name]
-
-    for name in children:
-        visit(name, ())
+    for name in named_first(parents, file):
+        above = [depth[p] for p in parents[name]]
+        depth[name] = 0 if name == "all" else max(above, default=0) + 1
     return depth
 
 
-def _hosts_below(
-    name: str, members: Mapping[str, list[str]], children: Mapping[str, list[str]]
-) -> set[str]:
-    seen: set[str] = set()
-    todo = [name]
-    found: set[str] = set()
-    while todo:
-        group = todo.pop()
-        if group not in seen:
-            seen.add(group)
-            found.update(members.get(group, ()))
-            todo.extend(children.get(group, ()))
-    return found
+def named_first(graph: Mapping[str, Sequence[str]], file: str) -> list[str]:
+    """Every key of ``graph`` after the keys it names, or ConfigError for a cycle.
+
+    A loop with its own stack, not recursion: a source may chain groups any number deep
+    (a chain of 1,000 is no error here; Python's stack would end at about that depth).
+    """
+    order: list[str] = []
+    done: set[str] = set()
+    for start in graph:
+        if start in done:
+            continue
+        stack = [(start, iter(graph[start]))]
+        on_stack = {start}
+        while stack:
+            name, pending = stack[-1]
+            for named in pending:
+                if named in on_stack:
+                    path = [n for n, _ in stack]
+                    cycle = " -> ".join((*path[path.index(named) :], named))
+                    raise ConfigError(
+                        file, f"{named}.children", f"groups contain each other: {cycle}"
+                    )
+                if named in graph and named not in done:
+                    stack.append((named, iter(graph[named])))
+                    on_stack.add(named)
+                    break
+            else:
+                stack.pop()
+                on_stack.discard(name)
+                done.add(name)
+                order.append(name)
+    return order
 
 
 def _priority(group: Mapping[str, Any]) -> int:
@@ -206,7 +229,7 @@ def _ansible_host(
 ) -> Host | str:
     """A Host, or the reason it is left out."""
     connection = variables.get("ansible_connection", "ssh")
-    if connection not in SSH_CONNECTIONS:
+    if not isinstance(connection, str) or connection not in SSH_CONNECTIONS:
         return f"ansible_connection is {connection!r}, not SSH"
     for name in ANSIBLE_SSH_ARGS:
         if variables.get(name):
@@ -217,8 +240,8 @@ def _ansible_host(
     for value, key in ((address, "ansible_host"), (port, "ansible_port"), (user, "ansible_user")):
         if isinstance(value, _Conflict):
             return f"{key} and {value.other} differ ({value.values})"
-    if isinstance(port, str) and port.isdigit():
-        port = int(port)  # INI inventories give text
+    if isinstance(port, str) and port.isascii() and port.isdigit():
+        port = int(port)  # INI inventories give text ("²" is a digit to isdigit, not to int)
     if not isinstance(port, int) or isinstance(port, bool):
         return f"ansible_port is not a number: {port!r}"
     if not isinstance(address, str) or not isinstance(user, str):
@@ -252,25 +275,50 @@ def from_ssh_config(aliases: Sequence[str], ssh_config: Path | None, user: str) 
         resolved = _ssh_g(alias, ssh_config, user)
         if resolved.get("proxycommand", "none") != "none":
             left_out.append(
-                f"host {alias}: proxycommand {resolved['proxycommand']} (only a ProxyJump "
-                "to another imported alias is mapped, to via)"
+                f"host {shown(alias)}: proxycommand {shown(resolved['proxycommand'])} (only a "
+                "ProxyJump to another imported alias is mapped, to via)"
             )
             continue
         jump = resolved.get("proxyjump", "none")
         if jump != "none" and (jump not in wanted or jump == alias):
             left_out.append(
-                f"host {alias}: proxyjump {jump} (mapped to via only when it is one other "
-                "alias imported in the same run: add it to the aliases)"
+                f"host {shown(alias)}: proxyjump {shown(jump)} (mapped to via only when it is "
+                "one other alias imported in the same run: add it to the aliases)"
             )
             continue
         port = resolved.get("port", str(DEFAULT_SSH_PORT))
-        if not port.isdigit():
-            left_out.append(f"host {alias}: ssh -G gives port {port!r}")
+        if not (port.isascii() and port.isdigit()):
+            left_out.append(f"host {shown(alias)}: ssh -G gives port {port!r}")
             continue
         address = resolved.get("hostname", alias)
         via = "" if jump == "none" else jump
-        hosts.append(Host(alias, address, int(port), resolved.get("user", ""), {}, via))
+        said = resolved.get("user", "")
+        stated = said if user else _stated_user(alias, ssh_config, said)
+        hosts.append(Host(alias, address, int(port), stated, {}, via))
     return Source(hosts, {}, left_out)
+
+
+def _stated_user(alias: str, ssh_config: Path | None, said: str) -> str:
+    """The user a line of the configuration gives ``alias``, or "" when none does; ``said``
+    is what ``ssh -G`` printed for it.
+
+    ``ssh -G`` always prints a user: without a ``User`` line, the local account's name,
+    which says nothing about the host. Any other name came from a line. The local name
+    may be either, so the same configuration is asked again with ``Host * User
+    UNSTATED_USER`` after it; OpenSSH keeps the first value it obtains, so the answer is
+    UNSTATED_USER exactly when no line of the configuration matched with a ``User``. (The
+    configuration is read as an ``Include`` there, which OpenSSH refuses when someone else
+    may write it, as it refuses such a ~/.ssh/config.)
+    """
+    if said != pwd.getpwuid(os.getuid()).pw_name:  # the account ssh itself looks up
+        return said
+    included = [str(ssh_config.resolve())] if ssh_config is not None else DEFAULT_SSH_CONFIGS
+    with tempfile.TemporaryDirectory(prefix="sshadapter-import-") as directory:
+        probe = Path(directory) / "ssh_config"
+        lines = [*(f'Include "{path}"' for path in included), "Host *", f"User {UNSTATED_USER}"]
+        probe.write_text("\n".join(lines) + "\n")
+        user = _ssh_g(alias, probe, "").get("user", "")
+    return "" if user == UNSTATED_USER else user
 
 
 def _ssh_g(alias: str, ssh_config: Path | None, user: str) -> dict[str, str]:

@@ -28,11 +28,18 @@ import orjson
 from pydantic import ValidationError
 
 from sshadapter.bounded_read import read_bounded
-from sshadapter.check.import_sources import DEFAULT_SSH_PORT, Host, Source, target_name
+from sshadapter.check.import_sources import (
+    DEFAULT_SSH_PORT,
+    Host,
+    Source,
+    named_first,
+    target_name,
+)
 from sshadapter.config import LABEL_WORD, TARGET_NAME, HostDefaults
 from sshadapter.errors import ConfigError
-from sshadapter.inventory import MAX_VIA_HOPS
+from sshadapter.inventory import MAX_GROUP_NESTING, MAX_VIA_HOPS
 from sshadapter.safe_write import TargetDirectory, check_directory
+from sshadapter.shown import shown
 
 # The daemon reads known_hosts with the same cap (runners/ssh/dial.py MAX_KNOWN_HOSTS_BYTES).
 MAX_KNOWN_HOSTS_BYTES: Final = 4 * 1024 * 1024
@@ -51,6 +58,9 @@ class Plan:
     renamed: dict[str, str] = field(default_factory=dict)
     """alias -> the source's name, when they differ (a comment in the file)."""
     left_out: list[str] = field(default_factory=list)
+    flattened: list[str] = field(default_factory=list)
+    """Source names of the groups written with their hosts: more than MAX_GROUP_NESTING
+    levels of groups below them, which the daemon refuses."""
 
 
 def read_known_hosts(path: Path) -> asyncssh.SSHKnownHosts:
@@ -91,7 +101,7 @@ def plan(
         if re.fullmatch(TARGET_NAME, name) is None:
             for claimant in claimants:
                 result.left_out.append(
-                    f"{claimant}: {name!r} is no target name ({TARGET_NAME}; name it in the "
+                    f"{shown(claimant)}: {name!r} is no target name ({TARGET_NAME}; name it in the "
                     "source, e.g. an Ansible alias with ansible_host)"
                 )
         elif len(claimants) > 1:
@@ -106,10 +116,10 @@ def plan(
             continue
         checked = _host_entry(host, known_hosts, known_hosts_path, user)
         if isinstance(checked, str):
-            result.left_out.append(f"host {host.source}: {checked}")
+            result.left_out.append(f"host {shown(host.source)}: {checked}")
             continue
         entry, dropped = checked
-        result.left_out.extend(f"label of host {host.source}: {why}" for why in dropped)
+        result.left_out.extend(f"label of host {shown(host.source)}: {why}" for why in dropped)
         result.hosts[alias] = entry
         host_aliases[host.source] = alias
         if alias != host.source:
@@ -142,7 +152,7 @@ def _host_entry(
     entry: dict[str, Any] = {"address": address}
     if host.port != DEFAULT_SSH_PORT:
         entry["port"] = host.port
-    if host.user and host.user != user:
+    if host.user and not user:  # --user wins: it is every host's user, in [host_defaults]
         entry["user"] = host.user
     if labels:
         entry["labels"] = labels
@@ -169,14 +179,17 @@ def _plan_vias(source: Source, host_aliases: dict[str, str], result: Plan) -> No
             hop = jumps.get(hop, "")
         if hop or len(hops) > MAX_VIA_HOPS:
             why = "in a cycle" if hop else f"more than {MAX_VIA_HOPS}"
-            result.left_out.append(f"host {name}: jump hosts {why}: {' -> '.join([name, *hops])}")
+            chain = shown(" -> ".join([name, *hops]))
+            result.left_out.append(f"host {shown(name)}: jump hosts {why}: {chain}")
             del result.hosts[host_aliases.pop(name)]
     changed = True
     while changed:  # a host behind one left out (or behind one behind it) goes too
         changed = False
         for name, via in sorted(jumps.items()):
             if name in host_aliases and via not in host_aliases:
-                result.left_out.append(f"host {name}: its jump host {via} is not imported")
+                result.left_out.append(
+                    f"host {shown(name)}: its jump host {shown(via)} is not imported"
+                )
                 del result.hosts[host_aliases.pop(name)]
                 changed = True
     for name, via in jumps.items():
@@ -187,34 +200,37 @@ def _plan_vias(source: Source, host_aliases: dict[str, str], result: Plan) -> No
 def _plan_groups(
     source: Source, usable: Mapping[str, str], host_aliases: Mapping[str, str], result: Plan
 ) -> None:
-    """Groups with their imported members; a group left with no host is reported, not written."""
+    """Groups with their imported members; a group left with no host is reported, not
+    written; a group with more than MAX_GROUP_NESTING levels of groups below it is written
+    with its hosts instead (flattened: the same set), so the daemon loads every file."""
+    groups_in = {
+        name: [m for m in members if m in source.groups and m in usable]
+        for name, members in source.groups.items()
+    }
     hosts_of: dict[str, set[str]] = {}
-
-    def below(name: str, path: tuple[str, ...]) -> set[str]:
-        if name not in hosts_of:
-            found: set[str] = set()
-            for member in source.groups.get(name, ()):
-                if member in host_aliases:
-                    found.add(host_aliases[member])
-                elif member in source.groups and member not in path and member in usable:
-                    found |= below(member, (*path, name))
-            hosts_of[name] = found
-        return hosts_of[name]
-
+    levels: dict[str, int] = {}  # a written group's levels of groups, itself the first
+    written: dict[str, list[str]] = {}
+    for name in named_first(groups_in, "the source"):  # a group after the groups it names
+        kept = [group for group in groups_in[name] if hosts_of[group]]
+        hosts = {host_aliases[m] for m in source.groups[name] if m in host_aliases}
+        hosts_of[name] = hosts.union(*(hosts_of[group] for group in kept))
+        levels[name] = 1 + max((levels[group] for group in kept), default=0)
+        written[name] = sorted(hosts | {usable[group] for group in kept})
+        if levels[name] > MAX_GROUP_NESTING:
+            levels[name] = 1
+            written[name] = sorted(hosts_of[name])
+            if name in usable:
+                result.flattened.append(name)
     for name in sorted(source.groups):
         target = usable.get(name)
         if target is None:
             continue
-        if not below(name, ()):
-            result.left_out.append(f"group {name}: no imported host (an empty group is refused)")
+        if not hosts_of[name]:
+            result.left_out.append(
+                f"group {shown(name)}: no imported host (an empty group is refused)"
+            )
             continue
-        members = []
-        for member in source.groups[name]:
-            if member in host_aliases:
-                members.append(host_aliases[member])
-            elif member in source.groups and member in usable and below(member, ()):
-                members.append(usable[member])
-        result.groups[target] = sorted(set(members))
+        result.groups[target] = written[name]
         if target != name:
             result.renamed[target] = name
 
