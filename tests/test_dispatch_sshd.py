@@ -54,6 +54,7 @@ from sshadapter.config import (
     ServerSection,
     load_config,
 )
+from sshadapter.contract.exitstatus import REFUSAL_PREFIX
 from sshadapter.contract.registry import Registry, load_registry
 from sshadapter.daemon.assemble import assemble
 from sshadapter.daemon.drift import PolicyMonitor
@@ -652,6 +653,63 @@ def test_check_hosts_names_what_a_host_lacks(
     assert report[-1]["got"]["refused"] == ["mount_info"]
     write_policy(installed, full_policy)
     assert cli_main(["check", "--config", str(config), "--hosts"]) == 0
+
+
+# Answers as one program on the host writes them: {"stdout", "stderr", "status"} in a file.
+SCRIPTED_ANSWER = """\
+#!/usr/bin/python3 -IS
+import json, sys
+answer = json.load(open({path!r}))
+sys.stdout.write(answer["stdout"])
+sys.stderr.write(answer["stderr"])
+sys.exit(answer["status"])
+"""
+# What a hostile host may write: a newline, another line's priority and head, a CR, an
+# ESC sequence, a bidi override.
+FORGED = "x\n<0>CRITICAL sshadapter.daemon.service: forged\r\x1b[2J\u202eok"
+
+
+def test_check_hosts_shows_a_hostile_hosts_words_escaped(
+    host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`check --hosts`: a host's name, extra operations and refusal line, escaped on one row."""
+    key = tmp_path / "local_key"
+    generate_key(key)
+    commands = open_commands(tmp_path / "commands")
+    for path in commands.glob("*.toml"):
+        if 'host = "ci"' in path.read_text():
+            path.unlink()
+    local = ("local",)
+    full = load_registry(commands, ROOT / "schemas", hosts=local, dispatch_hosts=local)
+    digests = json.loads(dispatcher.digest_answer(policy.host_policies(full)["local"]))
+    digests["host"] = FORGED
+    digests["operations"][FORGED] = "sha256:" + "0" * 64
+    answers = host.root / "answer.json"
+    program = host.bin / "scripted-answer"
+    program.write_text(SCRIPTED_ANSWER.format(path=str(answers)))
+    program.chmod(0o755)
+    host.sshd.authorize(more={key: f'restrict,from="127.0.0.1",command="{program}"'})
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'[paths]\ncommands = "{commands}"\nschemas = "{ROOT / "schemas"}"\n\n'
+        + host.sshd.host_toml("local", client_keys=[key], dispatch=True)
+    )
+    forged_line = FORGED.split("\n")[1]  # the dispatcher's refusal is stderr's first line
+    refusal = f"{REFUSAL_PREFIX.decode()} (no_match) {forged_line}\n"
+    cases = [
+        ({"stdout": json.dumps(digests), "stderr": "", "status": 0}, 0, "ahead"),
+        ({"stdout": "", "stderr": refusal, "status": dispatcher.REFUSED_STATUS}, 1, "refused"),
+    ]
+    for answer, status, result in cases:
+        write_policy(answers, answer)
+        assert cli_main(["check", "--config", str(config), "--hosts"]) == status, result
+        out = capsys.readouterr().out
+        lines = out.split("\n")
+        assert all(line.isprintable() for line in lines), out
+        (row,) = [line for line in lines if line.startswith("local ")]
+        assert f" {result} " in row and "forged\\r\\x1b[2J\\u202eok" in row, row
+        assert cli_main(["check", "--config", str(config), "--hosts", "--json"]) == status
+        assert "\u202e" not in capsys.readouterr().out  # JSON escapes the rest itself
 
 
 # Patterns with escapes -------------------------------------------------------------------
