@@ -619,10 +619,9 @@ def test_a_host_one_operation_behind_is_refused_until_updated(host: Host, tmp_pa
     shutil.rmtree(tmp_path / "d" / "q", ignore_errors=True)
 
 
-def test_check_hosts_names_what_a_host_lacks(
-    host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`sshadapter check --hosts`: fixtures as offline, then the host's policy; drift is a miss."""
+def local_dispatch_config(host: Host, tmp_path: Path) -> tuple[Path, Path, dict[str, Any]]:
+    """A config file whose one host, local, is a dispatch host reached with a key of its own
+    (for the test to authorize); returns the file, the key and local's whole policy."""
     key = tmp_path / "local_key"
     generate_key(key)
     commands = open_commands(tmp_path / "commands")
@@ -631,14 +630,21 @@ def test_check_hosts_names_what_a_host_lacks(
             path.unlink()
     local = ("local",)
     full = load_registry(commands, ROOT / "schemas", hosts=local, dispatch_hosts=local)
-    full_policy = policy.host_policies(full)["local"]
-    installed = host.install("check", policy_without(full_policy, "mount_info"))
-    host.sshd.authorize(more={key: host.options(installed)})
     config = tmp_path / "config.toml"
     config.write_text(
         f'[paths]\ncommands = "{commands}"\nschemas = "{ROOT / "schemas"}"\n\n'
         + host.sshd.host_toml("local", client_keys=[key], dispatch=True)
     )
+    return config, key, policy.host_policies(full)["local"]
+
+
+def test_check_hosts_names_what_a_host_lacks(
+    host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`sshadapter check --hosts`: fixtures as offline, then the host's policy; drift is a miss."""
+    config, key, full_policy = local_dispatch_config(host, tmp_path)
+    installed = host.install("check", policy_without(full_policy, "mount_info"))
+    host.sshd.authorize(more={key: host.options(installed)})
     assert cli_main(["check", "--config", str(config)]) == 0  # offline: no host asked
     capsys.readouterr()
     assert cli_main(["check", "--config", str(config), "--hosts"]) == 1
@@ -673,15 +679,8 @@ def test_check_hosts_shows_a_hostile_hosts_words_escaped(
     host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`check --hosts`: a host's name, extra operations and refusal line, escaped on one row."""
-    key = tmp_path / "local_key"
-    generate_key(key)
-    commands = open_commands(tmp_path / "commands")
-    for path in commands.glob("*.toml"):
-        if 'host = "ci"' in path.read_text():
-            path.unlink()
-    local = ("local",)
-    full = load_registry(commands, ROOT / "schemas", hosts=local, dispatch_hosts=local)
-    digests = json.loads(dispatcher.digest_answer(policy.host_policies(full)["local"]))
+    config, key, full_policy = local_dispatch_config(host, tmp_path)
+    digests = json.loads(dispatcher.digest_answer(full_policy))
     digests["host"] = FORGED
     digests["operations"][FORGED] = "sha256:" + "0" * 64
     answers = host.root / "answer.json"
@@ -689,11 +688,6 @@ def test_check_hosts_shows_a_hostile_hosts_words_escaped(
     program.write_text(SCRIPTED_ANSWER.format(path=str(answers)))
     program.chmod(0o755)
     host.sshd.authorize(more={key: f'restrict,from="127.0.0.1",command="{program}"'})
-    config = tmp_path / "config.toml"
-    config.write_text(
-        f'[paths]\ncommands = "{commands}"\nschemas = "{ROOT / "schemas"}"\n\n'
-        + host.sshd.host_toml("local", client_keys=[key], dispatch=True)
-    )
     forged_line = FORGED.split("\n")[1]  # the dispatcher's refusal is stderr's first line
     refusal = f"{REFUSAL_PREFIX.decode()} (no_match) {forged_line}\n"
     cases = [
