@@ -113,11 +113,12 @@ class TextFormatter(logging.Formatter):
     """``fmt`` (TEXT_FORMAT) with the message and every text field escaped to one line."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        fields = {
-            key: escaped(value) if isinstance(value, str) else value
+        shown_record = logging.LogRecord.__new__(logging.LogRecord)  # a copy, fields escaped
+        shown_record.__dict__.update(
+            (key, escaped(value) if isinstance(value, str) else value)
             for key, value in record.__dict__.items()
-        }
-        return super().formatMessage(logging.makeLogRecord(fields))
+        )
+        return super().formatMessage(shown_record)
 
     def formatException(self, ei: _ExcInfo) -> str:
         return escaped_traceback(ei)
