@@ -168,16 +168,23 @@ def serving_on_the_journal(config: Path, stderr_path: Path) -> Iterator[Serving]
         daemon.wait(STOP_TIMEOUT_SECONDS)
 
 
-def assert_journal_lines(text: str) -> list[str]:
-    """Each line of ``text`` starts with the priority of its level; none holds a CR, an
-    ESC or a bidi override. Returns the lines."""
+def journal_lines(text: str, fmt: str = "text") -> list[tuple[int, str, str]]:
+    """Each line of ``text`` as (priority, level, message), after checking that it starts
+    with the priority of its level and that ``text`` holds no CR, ESC or bidi override."""
     assert not {"\r", "\x1b", "\u202e"} & set(text)
-    lines = text.splitlines()
-    for line in lines:
-        head = JOURNAL_LINE.match(line)
-        assert head is not None, line
-        assert int(head[1]) == logs.PRIORITIES[logging.getLevelNamesMapping()[head[2]]], line
-    return lines
+    found = []
+    for line in text.splitlines():
+        if fmt == "json":
+            entry = orjson.loads(line[3:])
+            head = (line[1], entry["level"].upper(), entry["message"])
+        else:
+            match = JOURNAL_LINE.match(line)
+            assert match is not None, line
+            head = (match[1], match[2], line[match.end() :])
+        assert line[:1] + line[2:3] == "<>", line
+        assert int(head[0]) == logs.PRIORITIES[logging.getLevelNamesMapping()[head[1]]], line
+        found.append((int(head[0]), head[1], head[2]))
+    return found
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
@@ -232,11 +239,10 @@ def test_a_disconnect_reason_cannot_forge_a_journal_line(tmp_path: Path, sender:
             load_average: dict[str, object] = {"op": "call", "tool": "load_average", "args": {}}
             answer = call(serving.socket_path, load_average)
     assert answer["error"] == {"code": "UPSTREAM_UNAVAILABLE", "retryable": True}, answer
-    lines = assert_journal_lines(stderr_path.read_text())
-    said = [line for line in lines if "forged" in line]
-    assert said and all(line.startswith("<4>WARNING sshadapter.") for line in said), said
+    said = [line for line in journal_lines(stderr_path.read_text()) if "forged" in line[2]]
+    assert said and all(line[:2] == (4, "WARNING") for line in said), said
     escaped = "bye\\n<0>CRITICAL sshadapter.daemon.service: forged call approved\\r<2>\\x1b[2J"
-    assert escaped in said[0]
+    assert escaped in said[0][2]
     assert cli("audit", "verify", str(tmp_path / "audit.jsonl")).returncode == 0
 
 
@@ -257,13 +263,17 @@ def test_serves_first_error_under_systemd_is_one_line_at_error_priority(tmp_path
     assert "max\\n<0>CRITICAL forged\\x1b[2J" in line, line
 
 
-def test_a_refused_reload_naming_a_hostile_key_is_one_escaped_error_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_refused_reload_naming_a_hostile_key_is_one_escaped_error_line(
+    tmp_path: Path, fmt: str
+) -> None:
     """A reload refused for a key holding a newline, a priority and ESC: one escaped `<3>` line.
 
     The key is escaped by the formatter, which escapes every record of every logger.
     """
     with running_fault_server(tmp_path) as faults:
         config = write_config(tmp_path, faults)
+        config.write_text(config.read_text() + f'\n[logging]\nformat = "{fmt}"\n')
         stderr_path = tmp_path / "stderr"
         with serving_on_the_journal(config, stderr_path) as serving:
             commands = tmp_path / "commands"
@@ -271,7 +281,7 @@ def test_a_refused_reload_naming_a_hostile_key_is_one_escaped_error_line(tmp_pat
             operation = (commands / "load_average.toml").read_text()
             (commands / "hostile.toml").write_text(f"{key} = 1\n{operation}")
             serving.reload()
-    lines = assert_journal_lines(stderr_path.read_text())
-    (refused,) = [line for line in lines if "reload refused" in line]
-    assert refused.startswith("<3>ERROR sshadapter.daemon.server: reload refused"), refused
-    assert "forged call approved\\r<2>\\x1b[2J\\u202eok" in refused, refused
+    lines = journal_lines(stderr_path.read_text(), fmt)
+    (refused,) = [line for line in lines if "reload refused" in line[2]]
+    assert refused[:2] == (3, "ERROR") and refused[2].startswith("reload refused"), refused
+    assert "forged call approved\\r<2>\\x1b[2J\\u202eok" in refused[2], refused
