@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from sshadapter import __version__, client
+from sshadapter.daemon import logs
 from sshadapter.errors import ConfigError
 from sshadapter.shipped import docs_location
 from sshadapter.shown import shown
@@ -42,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # and loads neither pydantic nor the schema libraries (half its start-up time and
         # RSS; tests/bench/bench_mcp.py). The other commands import them where they are used.
         return _mcp_main(words[1:])
+    logs.escape_unconfigured()
     parser = _parser()
     args = parser.parse_args(words)
     if not getattr(args, "command", None):
@@ -50,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except ConfigError as exc:
-        print(f"sshadapter: {exc}", file=sys.stderr)
+        print(logs.early_line(f"sshadapter: {exc}"), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
@@ -430,7 +431,6 @@ def _add_socket(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
-    from sshadapter.daemon import logs
     from sshadapter.daemon.assemble import run_daemon
 
     path = args.config
@@ -445,7 +445,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from sshadapter.demo import DemoUnavailable, run_demo
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logs.configure_warnings()
     try:
         return asyncio.run(run_demo())
     except DemoUnavailable as exc:  # installed without the checkout's examples
@@ -469,9 +469,7 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
     from sshadapter.mcp.bridge import run_bridge
 
     # stderr only: stdout carries nothing but protocol lines (sshadapter.mcp.stdio).
-    logging.basicConfig(
-        level=logging.WARNING, stream=sys.stderr, format="sshadapter mcp: %(levelname)s %(message)s"
-    )
+    logs.configure_warnings("sshadapter mcp: %(levelname)s %(message)s")
     return asyncio.run(run_bridge(args.socket))
 
 

@@ -18,6 +18,10 @@ loop for what sshd cannot do on demand; the command string picks the behaviour:
     blob N               print a JSON object {"blob": "yyy..."} of exactly N bytes, exit 0
     exit N               exit with status N
 
+and with ``disconnect_reason`` set it disconnects after key exchange with those words.
+``running_early_disconnect()`` is a bare TCP server that sends a DISCONNECT before any
+key exchange, as anyone on the path to a host can.
+
 Neither needs pytest-asyncio: the servers live outside the test's event loop.
 """
 
@@ -51,6 +55,7 @@ READY_TIMEOUT_SECONDS: Final = 10.0  # sshd starts in ~50 ms; a loaded CI box ge
 STOP_TIMEOUT_SECONDS: Final = 5.0  # SIGTERM, then SIGKILL after this
 START_ATTEMPTS: Final = 3  # another run may grab the free port between probe and bind
 FLOOD_CHUNK_BYTES: Final = 64 * 1024  # the fault server writes floods in chunks this size
+SSH_MSG_DISCONNECT: Final = 1  # RFC 4253 11.1
 
 # The test sshd's whole configuration. Deliberate choices:
 # - StrictModes no: sshd would refuse authorized_keys in a temp dir not owned the
@@ -116,18 +121,8 @@ class Sshd:
     def host_toml(self, *aliases: str, **overrides: Any) -> str:
         """``[hosts.<alias>]`` tables reaching this server, for a test's config file;
         keyword arguments add or override keys, and None leaves a key out."""
-        keys: dict[str, Any] = {
-            "address": self.address,
-            "port": self.port,
-            "user": self.user,
-            "client_keys": [self.client_key],
-            "known_hosts": self.known_hosts,
-            **overrides,
-        }
-        body = "".join(
-            f"{key} = {_toml(value)}\n" for key, value in keys.items() if value is not None
-        )
-        return "".join(f"[hosts.{alias}]\n{body}\n" for alias in aliases)
+        section = self.host_section()
+        return hosts_toml(aliases, section, overrides)
 
     def authorize(self, options: str = "", *, more: Mapping[Path, str] | None = None) -> str:
         """Put ``options`` (``restrict,command="..."``) in front of the client key, and
@@ -137,6 +132,21 @@ class Sshd:
         lines += [_key_line(key, opts) for key, opts in (more or {}).items()]
         (self.workdir / "authorized_keys").write_text("".join(f"{line}\n" for line in lines))
         return lines[0]
+
+
+def hosts_toml(aliases: tuple[str, ...], section: HostSection, overrides: Mapping[str, Any]) -> str:
+    """``[hosts.<alias>]`` tables with ``section``'s address, port, user, client keys and
+    known_hosts; ``overrides`` add or override keys, and None leaves a key out."""
+    keys: dict[str, Any] = {
+        "address": section.address,
+        "port": section.port,
+        "user": section.user,
+        "client_keys": list(section.client_keys),
+        "known_hosts": section.known_hosts,
+        **overrides,
+    }
+    body = "".join(f"{key} = {_toml(value)}\n" for key, value in keys.items() if value is not None)
+    return "".join(f"[hosts.{alias}]\n{body}\n" for alias in aliases)
 
 
 def _toml(value: Any) -> str:
@@ -376,6 +386,9 @@ class FaultServer:
         """Commands whose channel the client closed while the server still held it open."""
         self.never_closed = 0  # channels of never-close: left open for good
         self.held = 0  # never-close-held commands waiting for release_held()
+        self.disconnect_reason: str | None = None
+        """After key exchange, instead of authenticating: disconnect with this reason (what
+        a hostile host may say)."""
         host_key = asyncssh.generate_private_key("ssh-ed25519")
         client_key = asyncssh.generate_private_key("ssh-ed25519")
         self.client_key = workdir / "fault_client_key"
@@ -408,6 +421,10 @@ class FaultServer:
         }
         fields.update(overrides)
         return HostSection(**fields)
+
+    def host_toml(self, *aliases: str, **overrides: Any) -> str:
+        """``[hosts.<alias>]`` tables reaching this server, as ``Sshd.host_toml``."""
+        return hosts_toml(aliases, self.host_section(), overrides)
 
     def start(self) -> None:
         ready = threading.Event()
@@ -458,6 +475,7 @@ class FaultServer:
             authenticated = False
 
             def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+                self.conn = conn
                 server._connections.add(conn)
                 server.accepted += 1
                 server.handshaking += 1
@@ -465,6 +483,8 @@ class FaultServer:
 
             async def begin_auth(self, username: str) -> bool:
                 await asyncio.sleep(server.auth_delay)
+                if server.disconnect_reason is not None:
+                    self.conn.disconnect(asyncssh.DISC_PROTOCOL_ERROR, server.disconnect_reason)
                 return True  # then the authorized client key, as configured below
 
             def auth_completed(self) -> None:
@@ -591,6 +611,50 @@ def running_fault_server(workdir: Path) -> Iterator[FaultServer]:
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def running_early_disconnect(reason: str) -> Iterator[int]:
+    """A TCP server on 127.0.0.1 (its port yielded) that answers every connection with an
+    SSH version line and, before any key exchange, an unencrypted SSH_MSG_DISCONNECT with
+    ``reason``: what anyone on the path to a host can send, holding no host key."""
+    payload = (
+        bytes([SSH_MSG_DISCONNECT])
+        + asyncssh.packet.UInt32(asyncssh.DISC_PROTOCOL_ERROR)
+        + asyncssh.packet.String(reason.encode())
+        + asyncssh.packet.String(b"")
+    )
+    # RFC 4253 6: length, padding length, payload, at least 4 bytes of padding, the whole
+    # a multiple of 8 bytes.
+    padding = 4 + (-(4 + 1 + len(payload) + 4) % 8)
+    packet = (
+        asyncssh.packet.UInt32(1 + len(payload) + padding)
+        + bytes([padding])
+        + payload
+        + bytes(padding)
+    )
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn, contextlib.suppress(OSError):
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n" + packet)
+                conn.settimeout(READY_TIMEOUT_SECONDS)
+                while conn.recv(4096):  # until the client closes
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        listener.close()
+        thread.join(STOP_TIMEOUT_SECONDS)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import asyncssh
 import pytest
@@ -42,6 +42,8 @@ from dispatch_support import (
 )
 from sshd import Sshd, generate_key, host_directory, policy_owner_args, running_sshd
 from test_commands import HOSTILE_ARGUMENTS
+from test_integration import cli
+from test_logs import call, journal_lines, serving_on_the_journal
 
 from sshadapter.check.fixtures import load_fixtures
 from sshadapter.cli import main as cli_main
@@ -54,6 +56,7 @@ from sshadapter.config import (
     ServerSection,
     load_config,
 )
+from sshadapter.contract.exitstatus import REFUSAL_PREFIX
 from sshadapter.contract.registry import Registry, load_registry
 from sshadapter.daemon.assemble import assemble
 from sshadapter.daemon.drift import PolicyMonitor
@@ -618,10 +621,9 @@ def test_a_host_one_operation_behind_is_refused_until_updated(host: Host, tmp_pa
     shutil.rmtree(tmp_path / "d" / "q", ignore_errors=True)
 
 
-def test_check_hosts_names_what_a_host_lacks(
-    host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`sshadapter check --hosts`: fixtures as offline, then the host's policy; drift is a miss."""
+def local_dispatch_config(host: Host, tmp_path: Path) -> tuple[Path, Path, dict[str, Any]]:
+    """A config file whose one host, local, is a dispatch host reached with a key of its own
+    (for the test to authorize); returns the file, the key and local's whole policy."""
     key = tmp_path / "local_key"
     generate_key(key)
     commands = open_commands(tmp_path / "commands")
@@ -630,14 +632,21 @@ def test_check_hosts_names_what_a_host_lacks(
             path.unlink()
     local = ("local",)
     full = load_registry(commands, ROOT / "schemas", hosts=local, dispatch_hosts=local)
-    full_policy = policy.host_policies(full)["local"]
-    installed = host.install("check", policy_without(full_policy, "mount_info"))
-    host.sshd.authorize(more={key: host.options(installed)})
     config = tmp_path / "config.toml"
     config.write_text(
         f'[paths]\ncommands = "{commands}"\nschemas = "{ROOT / "schemas"}"\n\n'
         + host.sshd.host_toml("local", client_keys=[key], dispatch=True)
     )
+    return config, key, policy.host_policies(full)["local"]
+
+
+def test_check_hosts_names_what_a_host_lacks(
+    host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`sshadapter check --hosts`: fixtures as offline, then the host's policy; drift is a miss."""
+    config, key, full_policy = local_dispatch_config(host, tmp_path)
+    installed = host.install("check", policy_without(full_policy, "mount_info"))
+    host.sshd.authorize(more={key: host.options(installed)})
     assert cli_main(["check", "--config", str(config)]) == 0  # offline: no host asked
     capsys.readouterr()
     assert cli_main(["check", "--config", str(config), "--hosts"]) == 1
@@ -652,6 +661,66 @@ def test_check_hosts_names_what_a_host_lacks(
     assert report[-1]["got"]["refused"] == ["mount_info"]
     write_policy(installed, full_policy)
     assert cli_main(["check", "--config", str(config), "--hosts"]) == 0
+
+
+# Answers as one program on the host writes them: {"stdout", "stderr", "status"} in a file.
+SCRIPTED_ANSWER = """\
+#!/usr/bin/python3 -IS
+import json, sys
+answer = json.load(open({path!r}))
+sys.stdout.write(answer["stdout"])
+sys.stderr.write(answer["stderr"])
+sys.exit(answer["status"])
+"""
+# What a hostile host may write: a newline, another line's priority and head, a CR, an
+# ESC sequence, a bidi override.
+FORGED = "x\n<0>CRITICAL sshadapter.daemon.service: forged\r\x1b[2J\u202eok"
+
+
+# The dispatcher's refusal is the first line of stderr: the forged line after FORGED's "\n".
+FORGED_LINE: Final = FORGED.split("\n")[1]
+FORGED_REFUSAL: Final = {
+    "stdout": "",
+    "stderr": f"{REFUSAL_PREFIX.decode()} (no_match) {FORGED_LINE}\n",
+    "status": dispatcher.REFUSED_STATUS,
+}
+DRIFT_LOG_WAIT_SECONDS: Final = 30.0  # the daemon checks a host's policy just after connecting
+
+
+def scripted_answers(host: Host, key: Path) -> Path:
+    """The file whose {"stdout", "stderr", "status"} the host answers every command of
+    ``key`` with (SCRIPTED_ANSWER as its forced command)."""
+    answers = host.root / "answer.json"
+    program = host.bin / "scripted-answer"
+    program.write_text(SCRIPTED_ANSWER.format(path=str(answers)))
+    program.chmod(0o755)
+    host.sshd.authorize(more={key: f'restrict,from="127.0.0.1",command="{program}"'})
+    return answers
+
+
+def test_check_hosts_shows_a_hostile_hosts_words_escaped(
+    host: Host, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`check --hosts`: a host's name, extra operations and refusal line, escaped on one row."""
+    config, key, full_policy = local_dispatch_config(host, tmp_path)
+    digests = json.loads(dispatcher.digest_answer(full_policy))
+    digests["host"] = FORGED
+    digests["operations"][FORGED] = "sha256:" + "0" * 64
+    answers = scripted_answers(host, key)
+    cases = [
+        ({"stdout": json.dumps(digests), "stderr": "", "status": 0}, 0, "ahead"),
+        (FORGED_REFUSAL, 1, "refused"),
+    ]
+    for answer, status, result in cases:
+        write_policy(answers, answer)
+        assert cli_main(["check", "--config", str(config), "--hosts"]) == status, result
+        out = capsys.readouterr().out
+        lines = out.split("\n")
+        assert all(line.isprintable() for line in lines), out
+        (row,) = [line for line in lines if line.startswith("local ")]
+        assert f" {result} " in row and "forged\\r\\x1b[2J\\u202eok" in row, row
+        assert cli_main(["check", "--config", str(config), "--hosts", "--json"]) == status
+        assert "\u202e" not in capsys.readouterr().out  # JSON escapes the rest itself
 
 
 # Patterns with escapes -------------------------------------------------------------------
@@ -758,3 +827,28 @@ def test_a_groups_policy_installed_once_serves_every_member(
     log = host.logged(3)
     assert sum("allowed operation=load_average" in line for line in log) == 3
     shutil.rmtree(tmp_path / "q", ignore_errors=True)
+
+
+def test_the_daemons_drift_line_shows_a_refusal_escaped(host: Host, tmp_path: Path) -> None:
+    """`serve` on the journal: the host's refusal of the policy question is one escaped <3> line."""
+    config, key, _ = local_dispatch_config(host, tmp_path)
+    write_policy(scripted_answers(host, key), FORGED_REFUSAL)
+    config.write_text(
+        f'[server]\nsocket_path = "{tmp_path / "sshadapter.sock"}"\n'
+        f"allow = {{ uids = [{os.getuid()}] }}\n\n"
+        f'[audit]\npath = "{tmp_path / "audit.jsonl"}"\nquarantine_dir = "{tmp_path / "q"}"\n\n'
+        + config.read_text()
+    )
+    stderr_path = tmp_path / "stderr"
+    with serving_on_the_journal(config, stderr_path) as serving:
+        answer = call(serving.socket_path, {"op": "call", "tool": "load_average", "args": {}})
+        deadline = time.monotonic() + DRIFT_LOG_WAIT_SECONDS
+        while "policy refused" not in stderr_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert answer["outcome"] == "failure", answer
+    lines = journal_lines(stderr_path.read_text())
+    (drift,) = [line for line in lines if "policy refused" in line[2]]
+    assert drift[:2] == (3, "ERROR"), drift
+    escaped = "(no_match) <0>CRITICAL sshadapter.daemon.service: forged\\r\\x1b[2J\\u202eok"
+    assert escaped in drift[2], drift
+    assert cli("audit", "verify", str(tmp_path / "audit.jsonl")).returncode == 0

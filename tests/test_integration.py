@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sshd import Sshd, running_sshd
+from sshd import FaultServer, Sshd, running_sshd
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_SECONDS = 20.0
@@ -26,8 +26,9 @@ def sshd() -> Iterator[Sshd]:
         yield server
 
 
-def write_config(directory: Path, sshd: Sshd, *, metrics_port: int = 0) -> Path:
-    """A config.example.toml-style file: both example host aliases point at the test sshd."""
+def write_config(directory: Path, sshd: Sshd | FaultServer, *, metrics_port: int = 0) -> Path:
+    """A config.example.toml-style file: both example host aliases point at the test sshd
+    (or at an asyncssh fault server)."""
     shutil.copytree(ROOT / "commands", directory / "commands")
     shutil.copytree(ROOT / "schemas", directory / "schemas")
     hosts = sshd.host_toml("ci", "local")

@@ -2,26 +2,36 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 import orjson
 import pytest
-from sshd import Sshd, running_sshd
-from test_integration import ROOT, notifications, write_config
+from sshd import Sshd, running_early_disconnect, running_fault_server, running_sshd
+from test_integration import ROOT, cli, notifications, write_config
 
 from sshadapter.config import load_config
 from sshadapter.daemon import logs
 
 STOP_TIMEOUT_SECONDS: Final = 30  # the drain's default deadline: the daemon ends within it
+# What a host or anyone on its path may say: a newline, then another line's priority and
+# head; a CR, an ESC sequence and a bidi override for a terminal.
+FORGED: Final = (
+    "bye\n<0>CRITICAL sshadapter.daemon.service: forged call approved\r<2>\x1b[2J\u202eok"
+)
+# A line the daemon writes on the journal: its priority, the level that priority stands for.
+JOURNAL_LINE: Final = re.compile(r"<([0-7])>(DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
 
 
 @pytest.fixture(autouse=True)
@@ -121,18 +131,25 @@ def call(socket_path: Path, request: dict[str, object]) -> dict[str, object]:
     return value
 
 
-@pytest.mark.parametrize("fmt", ["text", "json"])
-def test_serve_under_the_journal_logs_each_refused_call_once_at_warning(
-    sshd: Sshd, tmp_path: Path, fmt: str
-) -> None:
-    """`sshadapter serve` on the journal: each refused or failed call is one <4> line.
+@dataclass(frozen=True)
+class Serving:
+    """`sshadapter serve` started by ``serving_on_the_journal``."""
 
-    Every line is prefixed; the refused call's and the failed call's lines carry their
-    request id, tool and code; an accepted call writes none.
-    """
-    config = write_config(tmp_path, sshd)
-    config.write_text(config.read_text() + f'\n[logging]\nformat = "{fmt}"\n')
-    stderr_path, notify_path = tmp_path / "stderr", tmp_path / "notify"
+    socket_path: Path
+    process: subprocess.Popen[bytes]
+    notify: socket.socket
+
+    def reload(self) -> None:
+        """SIGHUP, and wait until the reload is done (READY=1 again)."""
+        self.process.send_signal(signal.SIGHUP)
+        notifications(self.notify, "READY=1")
+
+
+@contextlib.contextmanager
+def serving_on_the_journal(config: Path, stderr_path: Path) -> Iterator[Serving]:
+    """`sshadapter serve --config CONFIG`, its stderr the file ``stderr_path`` that
+    JOURNAL_STREAM names, until ready; stopped with SIGTERM at the end."""
+    notify_path = stderr_path.with_name("notify")
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(notify_path))
     with stderr_path.open("w") as stderr:
@@ -144,16 +161,51 @@ def test_serve_under_the_journal_logs_each_refused_call_once_at_warning(
         )
     try:
         notifications(notify, "READY=1")
-        socket_path = tmp_path / "sshadapter.sock"
+        yield Serving(config.with_name("sshadapter.sock"), daemon, notify)
+    finally:
+        notify.close()
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(STOP_TIMEOUT_SECONDS)
+
+
+def journal_lines(text: str, fmt: str = "text") -> list[tuple[int, str, str]]:
+    """Each line of ``text`` as (priority, level, message), after checking that it starts
+    with the priority of its level and that ``text`` holds no CR, ESC or bidi override."""
+    assert not {"\r", "\x1b", "\u202e"} & set(text)
+    found = []
+    for line in text.splitlines():
+        if fmt == "json":
+            entry = orjson.loads(line[3:])
+            head = (line[1], entry["level"].upper(), entry["message"])
+        else:
+            match = JOURNAL_LINE.match(line)
+            assert match is not None, line
+            head = (match[1], match[2], line[match.end() :])
+        assert line[:1] + line[2:3] == "<>", line
+        assert int(head[0]) == logs.PRIORITIES[logging.getLevelNamesMapping()[head[1]]], line
+        found.append((int(head[0]), head[1], head[2]))
+    return found
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_serve_under_the_journal_logs_each_refused_call_once_at_warning(
+    sshd: Sshd, tmp_path: Path, fmt: str
+) -> None:
+    """`sshadapter serve` on the journal: each refused or failed call is one <4> line.
+
+    Every line is prefixed; the refused call's and the failed call's lines carry their
+    request id, tool and code; an accepted call writes none.
+    """
+    config = write_config(tmp_path, sshd)
+    config.write_text(config.read_text() + f'\n[logging]\nformat = "{fmt}"\n')
+    stderr_path = tmp_path / "stderr"
+    with serving_on_the_journal(config, stderr_path) as serving:
+        socket_path = serving.socket_path
         refused = call(socket_path, {"op": "call", "tool": "load_average", "args": {"x": 1}})
         failed = call(  # findmnt exits 1: declared NOT_FOUND
             socket_path, {"op": "call", "tool": "mount_info", "args": {"target": "/no/such/mount"}}
         )
         ok = call(socket_path, {"op": "call", "tool": "load_average", "args": {}})
-    finally:
-        notify.close()
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(STOP_TIMEOUT_SECONDS)
     assert ok["outcome"] == "success", ok
     assert refused["outcome"] == failed["outcome"] == "failure", (refused, failed)
     lines = stderr_path.read_text().splitlines()
@@ -168,3 +220,68 @@ def test_serve_under_the_journal_logs_each_refused_call_once_at_warning(
         if fmt == "json":
             assert orjson.loads(body)["request_id"] == answer["request_id"]
     assert not [line for line in lines if str(ok["request_id"]) in line]
+
+
+@pytest.mark.parametrize("sender", ["host", "path"])
+def test_a_disconnect_reason_cannot_forge_a_journal_line(tmp_path: Path, sender: str) -> None:
+    """A peer's disconnect reason is escaped in its warning: no line of another priority.
+
+    The host sends it after key exchange, or anyone on the path before it (no host key).
+    """
+    with running_fault_server(tmp_path) as faults, running_early_disconnect(FORGED) as port:
+        faults.disconnect_reason = FORGED
+        config = write_config(tmp_path, faults)
+        if sender == "path":  # local (load_average's host): the server without a host key
+            text = config.read_text().replace(f"port = {faults.port}\n", f"port = {port}\n")
+            config.write_text(text)
+        stderr_path = tmp_path / "stderr"
+        with serving_on_the_journal(config, stderr_path) as serving:
+            load_average: dict[str, object] = {"op": "call", "tool": "load_average", "args": {}}
+            answer = call(serving.socket_path, load_average)
+    assert answer["error"] == {"code": "UPSTREAM_UNAVAILABLE", "retryable": True}, answer
+    said = [line for line in journal_lines(stderr_path.read_text()) if "forged" in line[2]]
+    assert said and all(line[:2] == (4, "WARNING") for line in said), said
+    escaped = "bye\\n<0>CRITICAL sshadapter.daemon.service: forged call approved\\r<2>\\x1b[2J"
+    assert escaped in said[0][2]
+    assert cli("audit", "verify", str(tmp_path / "audit.jsonl")).returncode == 0
+
+
+def test_serves_first_error_under_systemd_is_one_line_at_error_priority(tmp_path: Path) -> None:
+    """A bad configuration under systemd: one `<3>` line, the key's newline and ESC escaped."""
+    config, stderr_path = tmp_path / "c.toml", tmp_path / "stderr"
+    config.write_text('[server]\n"max\\n<0>CRITICAL forged\\u001b[2J" = 1\n')
+    with stderr_path.open("w") as stderr:
+        done = subprocess.run(
+            [sys.executable, "-m", "sshadapter.cli", "serve", "--config", str(config)],
+            env={**os.environ, **journal_of(stderr_path)},
+            stderr=stderr,
+            timeout=60,
+        )
+    assert done.returncode == 2
+    (line,) = stderr_path.read_text().splitlines()
+    assert line.startswith(f"<3>sshadapter: {config}: ") and "unknown key" in line, line
+    assert "max\\n<0>CRITICAL forged\\x1b[2J" in line, line
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_refused_reload_naming_a_hostile_key_is_one_escaped_error_line(
+    tmp_path: Path, fmt: str
+) -> None:
+    """A reload refused for a key holding a newline, a priority and ESC: one escaped `<3>` line.
+
+    The key is escaped by the formatter, which escapes every record of every logger.
+    """
+    with running_fault_server(tmp_path) as faults:
+        config = write_config(tmp_path, faults)
+        config.write_text(config.read_text() + f'\n[logging]\nformat = "{fmt}"\n')
+        stderr_path = tmp_path / "stderr"
+        with serving_on_the_journal(config, stderr_path) as serving:
+            commands = tmp_path / "commands"
+            key = orjson.dumps(FORGED).decode()  # a TOML string too: "\\n", "\\u001b"
+            operation = (commands / "load_average.toml").read_text()
+            (commands / "hostile.toml").write_text(f"{key} = 1\n{operation}")
+            serving.reload()
+    lines = journal_lines(stderr_path.read_text(), fmt)
+    (refused,) = [line for line in lines if "reload refused" in line[2]]
+    assert refused[:2] == (3, "ERROR") and refused[2].startswith("reload refused"), refused
+    assert "forged call approved\\r<2>\\x1b[2J\\u202eok" in refused[2], refused

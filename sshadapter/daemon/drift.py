@@ -48,6 +48,7 @@ from sshadapter.daemon.metrics import Metrics
 from sshadapter.dispatch import policy
 from sshadapter.errors import UpstreamError
 from sshadapter.runners.interface import Runner, RunResult
+from sshadapter.shown import shown
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
 if TYPE_CHECKING:
@@ -67,6 +68,9 @@ RECHECK_AFTER_REFUSAL_SECONDS: Final = 5.0  # a refused call asks again, at most
 # Digest commands in flight at once (the daemon's checks, and `check --hosts`): a reload or
 # `check --hosts` over 1,000 hosts asks 32 at a time, not 1,000 execs and connects at once.
 MAX_CHECKS_IN_FLIGHT: Final = 32
+# A state's detail (audit detail, log lines, `check --hosts`): a hint, not a transcript. What
+# the host wrote in it (its refusal line, the names of its operations) is escaped (``shown``).
+MAX_DETAIL_CHARS: Final = 200
 RESULTS: Final = ("current", "ahead", "drift", "refused", "bad_answer", "unreachable")
 _DIGEST: Final = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -137,7 +141,7 @@ class PolicyMonitor:
         if state is None or op.name not in state.drifted:
             return None
         self.suspect(host)
-        return f"host {host} policy: {state.result}: {state.detail}"[:200]
+        return f"host {host} policy: {state.result}: {state.detail}"[:MAX_DETAIL_CHARS]
 
     def open_hosts(self) -> set[str]:
         """The dispatch hosts with an open connection now."""
@@ -253,7 +257,7 @@ def compare(expected: Mapping[str, Any], run: RunResult) -> HostState:
     """What the host's answer to DIGEST_COMMAND says about the policy the daemon expects."""
     everything = frozenset(expected["operations"])
     if dispatcher_refused(run):
-        line = run.stderr.split(b"\n", 1)[0][:200].decode("utf-8", "replace")
+        line = shown(run.stderr.split(b"\n", 1)[0][:MAX_DETAIL_CHARS], MAX_DETAIL_CHARS)
         return HostState("refused", everything, line)
     answer = _read_answer(run)
     if answer is None:
@@ -277,11 +281,11 @@ def compare(expected: Mapping[str, Any], run: RunResult) -> HostState:
     # The operations and their digests decide, never the document's own digest or name:
     # a member that installed its group's policy (host = the group) is as current.
     name = answer["host"]
-    named = "" if name == expected.get("host") else f"installed as {name[:64]!r}"
+    named = "" if name == expected.get("host") else f"installed as '{shown(name, 64)}'"
     extra = sorted(set(answer["operations"]) - set(wanted))
     if not extra:
         return HostState("current", frozenset(), named)
-    detail = f"the host also has {', '.join(extra)}"
+    detail = shown(f"the host also has {', '.join(extra)}", MAX_DETAIL_CHARS)
     return HostState("ahead", frozenset(), f"{detail}; {named}" if named else detail)
 
 

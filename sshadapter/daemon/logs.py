@@ -10,6 +10,15 @@ inherited the variable gets plain lines.
 A log line says what the daemon decided and why, in its own words: request ids, tool
 names, codes and reasons from closed lists. Bytes a host returned never reach a log line
 (they are in the quarantine, named by the audit trail).
+
+What a line does quote (a host's disconnect reason, a dispatcher's refusal, a file name, an
+agent's request id, asyncssh's own messages) is escaped here, for every record of every
+logger, whoever wrote the call: the message, each field and each line of a traceback that
+is not printable text already go through ``shown`` (SECURITY.md "Bytes on screens and in
+logs"); printable text stays as it is, so a value escaped where it was quoted (a
+disconnect reason in an audit detail) is not escaped twice. A newline, a CR, an ESC
+sequence or a bidi control is written as a visible escape, so it can neither start a line
+of its own nor forge a ``<N>`` priority or a ``LEVEL logger:`` head.
 """
 
 from __future__ import annotations
@@ -17,11 +26,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import IO, Final
 
 import orjson
+
+from sshadapter.shown import shown
 
 # sd-daemon(3): the syslog priorities journald reads from a `<N>` line prefix.
 PRIORITIES: Final = {
@@ -38,6 +51,15 @@ LEVELS: Final = {
     "error": logging.ERROR,
 }
 TEXT_FORMAT: Final = "%(levelname)s %(name)s: %(message)s"
+# A message is cut past this many characters (escaped): a log line names what happened, and
+# journald cuts a line at LineMax (48 KiB) into entries of their own anyway.
+MAX_MESSAGE_CHARS: Final = 16 * 1024
+# The priority of a line written before logging is set up (``early_line``): an error.
+EARLY_PRIORITY: Final = PRIORITIES[logging.ERROR]
+
+# What traceback writes itself, before a frame or between chained exceptions.
+_TRACEBACK_HEADS: Final = ("Traceback (most recent call last):", "\n")
+_ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
 
 
 def priority(levelno: int) -> int:
@@ -61,8 +83,56 @@ def is_journal(stream: IO[str], environ: Mapping[str, str]) -> bool:
     return (info.st_dev, info.st_ino) == (int(device), int(inode))
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, and request_id when known."""
+def escaped(text: str) -> str:
+    """``text`` as one printable line: as it is when it is one already (a value escaped
+    where it was quoted stays escaped once), else escaped whole (``shown``); cut past
+    MAX_MESSAGE_CHARS either way."""
+    if not text.isprintable():
+        return shown(text, MAX_MESSAGE_CHARS)
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "..."
+
+
+def escaped_lines(text: str) -> str:
+    """A traceback or a stack, each of its lines escaped; the lines stay lines."""
+    return "\n".join(escaped(line) for line in text.split("\n"))
+
+
+def escaped_traceback(ei: _ExcInfo) -> str:
+    """``ei``'s traceback: the frames and traceback's own headers line by line, each
+    exception's message (``Type: text``, text that may come from anyone) as one line."""
+    lines = []
+    for chunk in traceback.TracebackException(*ei).format():
+        if chunk[:1].isspace() or chunk.startswith(_TRACEBACK_HEADS):
+            lines.append(escaped_lines(chunk.removesuffix("\n")))  # frames, chain headers
+        else:
+            lines.append(escaped(chunk.removesuffix("\n")))
+    return "\n".join(lines)
+
+
+class TextFormatter(logging.Formatter):
+    """``fmt`` (TEXT_FORMAT) with the message and every text field escaped to one line."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        shown_record = logging.LogRecord.__new__(logging.LogRecord)  # a copy, fields escaped
+        shown_record.__dict__.update(
+            (key, escaped(value) if isinstance(value, str) else value)
+            for key, value in record.__dict__.items()
+        )
+        return super().formatMessage(shown_record)
+
+    def formatException(self, ei: _ExcInfo) -> str:
+        return escaped_traceback(ei)
+
+    def formatStack(self, stack_info: str) -> str:
+        return escaped_lines(stack_info)
+
+
+class JsonFormatter(TextFormatter):
+    """One JSON object per line: time, level, logger, message, and request_id when known.
+
+    JSON writes the controls as escapes already; the text is escaped all the same, so
+    the bidi controls and separators JSON leaves alone do not reach a terminal either.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -70,12 +140,12 @@ class JsonFormatter(logging.Formatter):
             .isoformat(timespec="microseconds")
             .replace("+00:00", "Z"),
             "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
+            "logger": escaped(record.name),
+            "message": escaped(record.getMessage()),
         }
         request_id = getattr(record, "request_id", None)
         if isinstance(request_id, str):
-            entry["request_id"] = request_id
+            entry["request_id"] = escaped(request_id)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(entry).decode()
@@ -107,9 +177,7 @@ def configure(
     """
     stream = sys.stderr if stream is None else stream
     environ = os.environ if environ is None else environ
-    formatter: logging.Formatter = (
-        JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)
-    )
+    formatter: logging.Formatter = JsonFormatter() if fmt == "json" else TextFormatter(TEXT_FORMAT)
     if is_journal(stream, environ):
         formatter = JournalPrefix(formatter)
     handler = logging.StreamHandler(stream)
@@ -123,3 +191,31 @@ def configure(
     # limits): the audit trail is the record of calls; keep asyncssh to warnings.
     logging.getLogger("asyncssh").setLevel(max(LEVELS[level], logging.WARNING))
     return handler
+
+
+def escape_unconfigured() -> None:
+    """Escape what a command that sets up no logging writes: Python sends such records
+    (warning and above) to stderr through ``logging.lastResort``, the message alone
+    (`check --hosts` logs each dispatch host's new state so)."""
+    if logging.lastResort is not None:
+        logging.lastResort.setFormatter(TextFormatter("%(message)s"))
+
+
+def configure_warnings(fmt: str = TEXT_FORMAT) -> None:
+    """Warnings and errors of every logger to stderr as ``fmt``, escaped as the daemon's
+    are (``sshadapter demo`` and ``sshadapter mcp``, whose stderr an agent host keeps)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TextFormatter(fmt))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+
+
+def early_line(
+    text: str, stream: IO[str] | None = None, environ: Mapping[str, str] | None = None
+) -> str:
+    """``text``, escaped, as the line a command writes to ``stream`` (stderr) before
+    ``configure``: starting with the error priority when that is the journal, so `serve`'s
+    first error (a bad configuration) is found by ``journalctl -p err``."""
+    stream = sys.stderr if stream is None else stream
+    environ = os.environ if environ is None else environ
+    prefix = f"<{EARLY_PRIORITY}>" if is_journal(stream, environ) else ""
+    return prefix + escaped(text)

@@ -14,6 +14,7 @@ import asyncssh
 
 from sshadapter.errors import UpstreamError
 from sshadapter.runners.ssh.certificates import ClientCertificateInvalid, is_certificate_refusal
+from sshadapter.shown import shown
 
 DETAIL_MAX_CHARS: Final = 200  # an audit detail is a hint, not a transcript
 
@@ -99,7 +100,11 @@ def again(error: UpstreamError) -> UpstreamError:
 
 
 def describe(exc: BaseException, *, with_path: bool = True) -> str:
-    """Exception class and message for the audit trail; never key material (see load_keys)."""
+    """Exception class and message for the audit trail; never key material (see load_keys).
+
+    Escaped and cut (``shown``): the message can be a peer's disconnect reason, sent by
+    the host after key exchange or by anyone on the path before it, and this detail
+    reaches log lines, `audit show` and `check --hosts`."""
     if isinstance(exc, (KeyLoadError, KnownHostsError, ClientCertificateInvalid)):
         text = str(exc)  # already described where it was raised
     elif isinstance(exc, OSError) and exc.strerror:
@@ -108,4 +113,4 @@ def describe(exc: BaseException, *, with_path: bool = True) -> str:
             text += f": {exc.filename}"
     else:
         text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return text[:DETAIL_MAX_CHARS]
+    return shown(text, DETAIL_MAX_CHARS)
