@@ -23,7 +23,7 @@ from sshadapter import __version__, client
 from sshadapter.daemon import logs
 from sshadapter.errors import ConfigError
 from sshadapter.shipped import docs_location
-from sshadapter.shown import shown
+from sshadapter.shown import json_shown, shown
 
 if TYPE_CHECKING:
     from sshadapter.config import Config
@@ -792,7 +792,7 @@ def _print_response(message: dict[str, object], socket_path: Path, ok: Any) -> i
     except client.ClientError as exc:
         print(f"sshadapter: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    sys.stdout.buffer.write(orjson.dumps(response, option=orjson.OPT_INDENT_2) + b"\n")
+    write_json(response)
     return EXIT_OK if isinstance(response, dict) and ok(response) else EXIT_FAILED
 
 
@@ -887,7 +887,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         certificates = _certificate_problems(config, members)
     if args.json:
         report = [r.as_json() for r in rows] + [h.as_json() for h in hosts] + certificates
-        sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+        write_json(report)
     else:
         print(format_table(rows))
         if args.hosts:
@@ -933,7 +933,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
         document = policy.group_policy(args.target, registry, inventory)
     else:
         document = policies[args.target]
-    sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
+    write_json(document)
     return EXIT_OK
 
 
@@ -1035,7 +1035,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     if op is None:
         print(f"sshadapter: no tool {args.tool!r} in {registry_dir(registry)}", file=sys.stderr)
         return EXIT_USAGE
-    sys.stdout.buffer.write(orjson.dumps(op.envelope_schema, option=orjson.OPT_INDENT_2) + b"\n")
+    write_json(op.envelope_schema)
     return EXIT_OK
 
 
@@ -1053,7 +1053,7 @@ def _cmd_inventory_show(args: argparse.Namespace) -> int:
         if args.json:
             answer = {"target": args.target, "hosts": list(members)}
             answer["hosts_sha256"] = host_set_digest(members)
-            sys.stdout.buffer.write(orjson.dumps(answer, option=orjson.OPT_INDENT_2) + b"\n")
+            write_json(answer)
         else:
             print("\n".join(members))
             print(f"# {len(members)} host(s), {host_set_digest(members)}")
@@ -1064,7 +1064,7 @@ def _cmd_inventory_show(args: argparse.Namespace) -> int:
     }
     if args.json:
         answer = {"hosts": len(inventory.hosts), "groups": groups}
-        sys.stdout.buffer.write(orjson.dumps(answer, option=orjson.OPT_INDENT_2) + b"\n")
+        write_json(answer)
         return EXIT_OK
     width = max((len(name) for name in groups), default=5)
     print(f"{'group':<{width}}  {'hosts':>5}  digest")
@@ -1172,6 +1172,13 @@ def _group_exists(gid: int) -> bool:
     except KeyError:
         return False
     return True
+
+
+def write_json(document: Any) -> None:
+    """``document`` on stdout as indented JSON a terminal shows as it is: a string's DEL, C1
+    and bidi controls (from a host or an agent) as ``\\u`` escapes, the same JSON value."""
+    text = orjson.dumps(document, option=orjson.OPT_INDENT_2).decode()
+    sys.stdout.buffer.write(json_shown(text).encode() + b"\n")
 
 
 def registry_dir(registry: Registry) -> str:

@@ -62,3 +62,25 @@ def shown(value: object, limit: int | None = DEFAULT_SHOWN_CHARS) -> str:
 def is_plain(text: str) -> bool:
     """Whether ``text`` would be shown unchanged: printable and without a backslash."""
     return text.isprintable() and "\\" not in text
+
+
+def json_shown(text: str) -> str:
+    """JSON text as a terminal may show it, the same JSON value: each non-printable character
+    (only inside a string: JSON's structure is ASCII) written as its ``\\uXXXX`` escape.
+
+    orjson escapes the C0 controls in strings, not DEL, C1 or the bidi controls, which a
+    string field of a validated answer may hold. The newlines of an indented document are
+    structure and stay.
+    """
+    if all(char == "\n" or char.isprintable() for char in text):
+        return text  # the common case: nothing to escape
+    return "".join(
+        char if char == "\n" or char.isprintable() else _json_escape(ord(char)) for char in text
+    )
+
+
+def _json_escape(code: int) -> str:
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # RFC 8259 section 7: a surrogate pair
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"

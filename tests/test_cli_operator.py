@@ -9,13 +9,15 @@ from pathlib import Path
 
 import orjson
 import pytest
-from daemon_harness import Running, with_daemon
+from daemon_harness import JOB_COMMAND, JOB_OUT, Running, shipped_commands, with_daemon
 from test_audit import other_account
 from test_inventory import HEAD, write
 
 from sshadapter.cli import main
 from sshadapter.config import ApprovalsSection
 from sshadapter.inventory import host_set_digest
+from sshadapter.runners.interface import RunResult
+from sshadapter.runners.scripted import ScriptedRunner
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -260,3 +262,26 @@ def test_approvals_from_someone_who_is_no_approver_are_refused(
     ((status, out, err),) = seen
     assert (status, out) == (1, "")
     assert "refused: not an approver" in err
+
+
+def test_call_shows_a_string_fields_control_characters_as_json_escapes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A projected free-text field's DEL, C1 and bidi bytes reach the terminal as \\u escapes."""
+    hostile = "ok\x7f\x9b31m\u202eeurt/nib/rsu/\u2066x\U000e0041"
+    commands = shipped_commands(tmp_path)
+    op = commands / "job_run_status.toml"
+    op.write_text(op.read_text().replace('"observed_at"]', '"observed_at", "log_tail"]'))
+    result = RunResult(orjson.dumps({**JOB_OUT, "log_tail": hostile}), b"", 0)
+    seen: list[tuple[int, str, str]] = []
+
+    async def body(d: Running) -> None:
+        argv = ("call", "job_run_status", "project_id=bluebird", "--socket", str(d.path))
+        seen.append(await asyncio.to_thread(run, capsys, *argv))
+
+    runner = ScriptedRunner({JOB_COMMAND: result})
+    with_daemon(tmp_path, body, runner=runner, commands=commands)
+    ((status, out, _),) = seen
+    assert status == 0 and all(line.isprintable() for line in out.splitlines())
+    assert "\\u202e" in out and "\\udb40\\udc41" in out
+    assert orjson.loads(out)["data"]["log_tail"] == hostile  # the same JSON value

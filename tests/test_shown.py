@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
-from sshadapter.shown import is_plain, shown
+from sshadapter.shown import is_plain, json_shown, shown
 
 HOSTILE = [
     "\n",
@@ -56,3 +57,12 @@ def test_is_plain_says_whether_shown_changes_the_text() -> None:
     """``is_plain`` is the cheap test callers use to refuse rather than escape."""
     assert is_plain("db-01.example")
     assert not is_plain("db\u202e01")
+
+
+def test_json_shown_escapes_inside_strings_and_keeps_the_value() -> None:
+    """DEL, C1, bidi and a non-printable astral character become \\u escapes of one value."""
+    text = orjson.dumps({"a": "x\x7f\x9b\u202e\U000e0041"}, option=orjson.OPT_INDENT_2).decode()
+    out = json_shown(text)
+    assert all(line.isprintable() for line in out.splitlines())
+    assert orjson.loads(out) == orjson.loads(text)
+    assert json_shown('{\n  "a": "é"\n}') == '{\n  "a": "é"\n}'
