@@ -96,8 +96,9 @@ def load_inventory(config: Config) -> Inventory:
     for alias in sorted(config.hosts):
         via_chain(alias, config.hosts, origins)
     resolved: dict[str, tuple[str, ...]] = {}
+    levels: dict[str, int] = {}
     for name in sorted(config.groups):
-        _resolve(name, config, resolved, ())
+        _resolve(name, config, resolved, levels, ())
     return Inventory(dict(config.hosts), resolved, dict(origins))
 
 
@@ -125,17 +126,24 @@ def via_chain(
 
 
 def _resolve(
-    name: str, config: Config, resolved: dict[str, tuple[str, ...]], path: tuple[str, ...]
+    name: str,
+    config: Config,
+    resolved: dict[str, tuple[str, ...]],
+    levels: dict[str, int],
+    path: tuple[str, ...],
 ) -> tuple[str, ...]:
-    if name in resolved:
-        return resolved[name]
+    """``name``'s hosts. ``levels`` holds each resolved group's levels of groups, itself
+    included, so a chain is measured whole whichever of its groups was resolved first."""
     group: GroupSection = config.groups[name]
     file = config.origins.get(name, "<config>")
+    if len(path) + levels.get(name, 1) > MAX_GROUP_NESTING:
+        raise ConfigError(file, f"groups.{name}", f"nested deeper than {MAX_GROUP_NESTING} groups")
+    if name in resolved:
+        return resolved[name]
     if name in path:
         cycle = " -> ".join((*path[path.index(name) :], name))
         raise ConfigError(file, f"groups.{name}", f"groups name each other in a cycle: {cycle}")
-    if len(path) >= MAX_GROUP_NESTING:
-        raise ConfigError(file, f"groups.{name}", f"nested deeper than {MAX_GROUP_NESTING} groups")
+    below = 0
     chosen: set[str] = set()
     if group.match:
         wanted = group.match.items()
@@ -146,7 +154,8 @@ def _resolve(
             if member in config.hosts:
                 found.add(member)
             elif member in config.groups:
-                found.update(_resolve(member, config, resolved, (*path, name)))
+                found.update(_resolve(member, config, resolved, levels, (*path, name)))
+                below = max(below, levels[member])
             else:
                 raise ConfigError(
                     file, f"groups.{name}.{key}", f"{member!r} is no host alias and no group"
@@ -156,4 +165,5 @@ def _resolve(
         why = "its match selects no host" if group.match else "it names no host"
         raise ConfigError(file, f"groups.{name}", f"empty group: {why} (after exclude)")
     resolved[name] = tuple(sorted(chosen))
+    levels[name] = 1 + below
     return resolved[name]

@@ -131,6 +131,23 @@ def test_load_errors_name_file_key_and_reason(
     assert "\n" not in str(error)
 
 
+@pytest.mark.parametrize(("levels", "refused"), [(16, False), (17, True)])
+def test_group_nesting_is_measured_whole_whichever_group_resolves_first(
+    tmp_path: Path, levels: int, refused: bool
+) -> None:
+    """A chain named so its deepest groups load first is held to the same 16 levels."""
+    chain = "".join(
+        f'[groups.g{n:02d}]\nmembers = ["{f"g{n - 1:02d}" if n else "web1"}"]\n'
+        for n in range(levels)
+    )
+    if refused:
+        error = load_error(tmp_path, more=chain)
+        assert "nested deeper than 16 groups" in error.reason, error
+    else:
+        inventory = load_inventory(load_config(write(tmp_path, more=chain))[0])
+        assert inventory.groups[f"g{levels - 1:02d}"] == ("web1",)
+
+
 def test_a_bad_default_is_named_at_host_defaults(tmp_path: Path) -> None:
     """A wrong value in [host_defaults] is reported there, not at every host."""
     error = load_error(tmp_path, HEAD.replace("user = ", "port = 0\nuser = "))
