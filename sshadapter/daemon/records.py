@@ -86,7 +86,8 @@ class Attempt:
     duration_seconds: float
     """From the attempt's start to its verdict, rounded to the microsecond."""
     verdict: Verdict
-    """What it proved; its fields go to the record (``Verdict.record``)."""
+    """What it proved, as far as the record says it (``Verdict.record``): its failure, never
+    its envelope (a fan-out host's would hold its data until the whole call ends)."""
     evidence: Evidence | None = None
     """What came back, when output came back."""
     transport_error: str | None = None
@@ -133,7 +134,7 @@ class Running:
     def done(self, verdict: Verdict, interrupted: str | None = None) -> Attempt:
         return Attempt(
             round(time.monotonic() - self.started, 6),
-            verdict,
+            Verdict(failure=verdict.failure),
             self.evidence,
             self.transport_error,
             self.quarantine,
@@ -172,7 +173,8 @@ class HostRun(_Attempts):
     attempts: list[Attempt] = field(default_factory=list)
     running: Running | None = None
     verdict: Verdict | None = None
-    """Sealed, once the host has its answer."""
+    """Its failure (None on success), once the host has its answer; its envelope went to
+    the fan-out's answer (``FanoutAnswer``), which keeps it only if it is shown."""
 
     def record(self) -> dict[str, Any]:
         """Its row in the result record's ``host_results`` (docs/audit.md "result")."""

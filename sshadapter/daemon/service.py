@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import collections
 import contextlib
 import hashlib
 import logging
@@ -38,6 +37,7 @@ from sshadapter.daemon.approvals import APPROVER_OPS, Approvals
 from sshadapter.daemon.audit import AuditLog
 from sshadapter.daemon.authorize import Peer
 from sshadapter.daemon.drift import PolicyMonitor
+from sshadapter.daemon.fanout_answer import FanoutAnswer
 from sshadapter.daemon.grants import Access
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.offload import Judge
@@ -450,6 +450,8 @@ class Service:
         # never waits behind a fan-out holding them all (its call slot bounds it already).
         slot = self.fanout_hosts if len(call.hosts) > 1 else contextlib.nullcontext()
 
+        answer = FanoutAnswer(fanout.max_results)
+
         async def one(run: HostRun) -> None:
             async with mine, slot:
                 try:
@@ -458,7 +460,7 @@ class Service:
                 except (DispatchRefusal, UpstreamError) as exc:
                     verdict = Verdict(failure=failure_of(exc))
                     run.close_attempt(verdict)
-                run.verdict = self._seal_host(call, verdict)
+                self._answered(call, answer, run, verdict)
                 self._after_refusal(op, run.host, verdict)
 
         tasks = [asyncio.ensure_future(one(run)) for run in call.runs.values()]
@@ -477,26 +479,25 @@ class Service:
         for run in call.runs.values():
             if run.verdict is None:
                 run.close_attempt(deadline)
-                run.verdict = self._seal_host(call, deadline)
-        return self._fanout_verdict(call)
+                self._answered(call, answer, run, deadline)
+        return self._fanout_verdict(call, answer)
 
-    def _seal_host(self, call: CallRecord, verdict: Verdict) -> Verdict:
-        """One host's verdict with its own envelope (checked by the operation's host guard)."""
-        return Verdict(failure=verdict.failure, sealed=seal_line(call.op, call.request_id, verdict))
+    def _answered(
+        self, call: CallRecord, answer: FanoutAnswer, run: HostRun, verdict: Verdict
+    ) -> None:
+        """One host is done: its own envelope (checked by the operation's host guard) goes
+        to the answer, which keeps it only if it is shown; the host keeps its failure, all
+        its audit row needs. So no host's output outlives its judging."""
+        answer.add(run.host, seal_line(call.op, call.request_id, verdict))
+        run.verdict = Verdict(failure=verdict.failure)
 
-    def _fanout_verdict(self, call: CallRecord) -> Verdict:
-        """The fan-out answer from each host's sealed envelope, checked as a whole."""
+    def _fanout_verdict(self, call: CallRecord, hosts: FanoutAnswer) -> Verdict:
+        """The fan-out answer from the hosts' counts and the entries shown, checked as a
+        whole."""
         op = call.op
-        entries = []
-        counts: collections.Counter[tuple[str, str]] = collections.Counter()
-        for run in call.runs.values():
-            assert run.verdict is not None and run.verdict.sealed is not None
-            entries.append(envelope.host_entry(run.host, orjson.loads(run.verdict.sealed.line)))
-            counts[run.verdict.sealed.outcome, run.verdict.sealed.code or ""] += 1
-        for (outcome, code), hosts in counts.items():  # one series update per kind of answer
-            self.metrics.fanout_hosts.labels(op.name, outcome, code).inc(hosts)
-        data = envelope.fanout_data(call.target, entries, op.spec.fanout.max_results)
-        answer = envelope.success(op.name, call.request_id, data)
+        for (outcome, code), n in hosts.kinds.items():  # one series update per kind of answer
+            self.metrics.fanout_hosts.labels(op.name, outcome, code).inc(n)
+        answer = envelope.success(op.name, call.request_id, hosts.data(call.target))
         if not op.envelope_guard.is_valid(answer):
             raise RuntimeError("fan-out envelope does not match its schema")  # a bug
         line = orjson.dumps(answer, option=orjson.OPT_APPEND_NEWLINE)
@@ -517,32 +518,41 @@ class Service:
                 if call.approval is not None:
                     call.approval.check(call.command)  # what runs is what was approved
                 await self.audit.append(call.intent(), alone=len(self.calls) == 1)  # 4
-            attempt = record.begin_attempt()
-            try:
-                run = await self.runner.run(  # 5
-                    host,
-                    call.command,
-                    timeout=op.spec.timeout_seconds,
-                    max_stdout=op.spec.output.max_bytes,
-                    max_stderr=op.spec.output.max_stderr_bytes,
-                )
-            except UpstreamError as exc:
-                verdict = Verdict(failure=failure_of(exc))
-                attempt.transport_error = exc.reason
-                ran = exc.ran
-            else:
-                judged = await self.judge.judge(  # 6-10, off the loop for a large output
-                    self.registry, op, args, run, self.clock(), call.request_id
-                )
-                attempt.evidence = judged.evidence
-                verdict, ran = judged.verdict, True
-                if verdict.rejected:
-                    stem = call.request_id if record is call else f"{call.request_id}.{host}"
-                    attempt.quarantine = await self._quarantine(stem, attempt.number, run)
-            record.end_attempt(verdict)
+            verdict, ran = await self._attempt(call, args, host, record)
             if not _should_retry(op, verdict, ran, len(record.attempts), deadline):
                 return verdict
             await self.sleep(RETRY_BACKOFF_SECONDS * 2 ** (len(record.attempts) - 1))
+
+    async def _attempt(
+        self, call: CallRecord, args: Mapping[str, Any], host: str, record: HostRun | CallRecord
+    ) -> tuple[Verdict, bool]:
+        """Stages 5-10 once: the verdict, and whether the command ran. The output lives only
+        here: judged, digested, quarantined if rejected, and dropped on return, so a retry's
+        backoff and its next run never hold the last one's bytes."""
+        op = call.op
+        attempt = record.begin_attempt()
+        try:
+            run = await self.runner.run(  # 5
+                host,
+                call.command,
+                timeout=op.spec.timeout_seconds,
+                max_stdout=op.spec.output.max_bytes,
+                max_stderr=op.spec.output.max_stderr_bytes,
+            )
+        except UpstreamError as exc:
+            verdict = Verdict(failure=failure_of(exc))
+            attempt.transport_error = exc.reason
+            record.end_attempt(verdict)
+            return verdict, exc.ran
+        judged = await self.judge.judge(  # 6-10, off the loop for a large output
+            self.registry, op, args, run, self.clock(), call.request_id
+        )
+        attempt.evidence = judged.evidence
+        if judged.verdict.rejected:
+            stem = call.request_id if record is call else f"{call.request_id}.{host}"
+            attempt.quarantine = await self._quarantine(stem, attempt.number, run)
+        record.end_attempt(judged.verdict)
+        return judged.verdict, True
 
     def _failed(self, call: CallRecord, exc: BaseException) -> Verdict:
         failure = failure_of(exc)
