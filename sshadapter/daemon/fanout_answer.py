@@ -39,7 +39,11 @@ class FanoutAnswer:
         """Count ``host``; keep its line only while it is among the first ``max_results``."""
         self.kinds[sealed.outcome, sealed.code or ""] += 1
         key = (1, "", host) if sealed.code is None else (0, sealed.code, host)
-        bisect.insort(self._shown, (key, sealed.line), key=lambda kept: kept[0])
+        place = bisect.bisect(self._shown, key, key=lambda kept: kept[0])
+        if place >= self.max_results:
+            return  # after every entry shown so far: never shown
+        # An exact-size copy: orjson's buffer behind a line can be twice its length.
+        self._shown.insert(place, (key, memoryview(sealed.line).tobytes()))
         if len(self._shown) > self.max_results:
             self._shown.pop()  # the last in the answer's order: never shown now
 

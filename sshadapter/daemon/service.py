@@ -194,6 +194,7 @@ class Service:
         """Set by the drain past its deadline: a cancelled call then answers INTERNAL."""
         self.registry = registry
         self.grants = grants
+        self.max_fanout_hosts_in_flight = max_fanout_hosts_in_flight
         self.fanout_hosts = asyncio.Semaphore(max_fanout_hosts_in_flight)
         """Hosts in flight across every fan-out (DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT)."""
         self.inventory = inventory or Inventory.bare(
@@ -434,36 +435,27 @@ class Service:
         """Stages 4-10 on every host of the target: one intent first, then each host alone
         (its own attempts, verdict and quarantine), within the call's deadline and its
         concurrency, and the daemon's hosts in flight. A host that fails, fails alone."""
-        op, fanout = call.op, call.op.spec.fanout
+        fanout = call.op.spec.fanout
         call.runs = {host: HostRun(host) for host in call.hosts}
         if call.approval is not None:
             call.approval.check(call.command)  # what runs is what was approved
         await self.audit.append(call.intent())  # 4: durable before the first exec
-        # The call's own bound, where it can bind: with no more hosts than it, each host
-        # would take a permit at once, and the daemon's slots (below) still bound them all.
-        mine: contextlib.AbstractAsyncContextManager[Any] = (
-            asyncio.Semaphore(fanout.concurrency)
-            if len(call.hosts) > fanout.concurrency
-            else contextlib.nullcontext()
-        )
         # One host is a single call, wherever it was named: it takes no fan-out slot, so it
         # never waits behind a fan-out holding them all (its call slot bounds it already).
         slot = self.fanout_hosts if len(call.hosts) > 1 else contextlib.nullcontext()
-
         answer = FanoutAnswer(fanout.max_results)
+        # The call's concurrency and the daemon's hosts in flight bound the hosts running at
+        # once: that many workers take the hosts in turn, so a waiting host is one HostRun,
+        # not a task of its own (1,000 pending tasks were ~1 KB each).
+        waiting = iter(call.runs.values())
 
-        async def one(run: HostRun) -> None:
-            async with mine, slot:
-                try:
-                    self._refuse_drifted(op, run.host)
-                    verdict = await self._attempts(call, args, run.host, run)
-                except (DispatchRefusal, UpstreamError) as exc:
-                    verdict = Verdict(failure=failure_of(exc))
-                    run.close_attempt(verdict)
-                self._answered(call, answer, run, verdict)
-                self._after_refusal(op, run.host, verdict)
+        async def worker() -> None:
+            for run in waiting:  # shared: each host is taken by one worker
+                async with slot:
+                    await self._host(call, args, run, answer)
 
-        tasks = [asyncio.ensure_future(one(run)) for run in call.runs.values()]
+        workers = min(len(call.runs), fanout.concurrency, self.max_fanout_hosts_in_flight)
+        tasks = [asyncio.ensure_future(worker()) for _ in range(workers)]
         try:
             done, _ = await asyncio.wait(tasks, timeout=fanout.deadline_seconds)
         finally:
@@ -477,19 +469,33 @@ class Service:
             failure=failure_of(UpstreamError("fanout_deadline", retryable=True, ran=True))
         )
         for run in call.runs.values():
-            if run.verdict is None:
+            if run.row is None:  # running or waiting when the deadline passed
                 run.close_attempt(deadline)
                 self._answered(call, answer, run, deadline)
         return self._fanout_verdict(call, answer)
+
+    async def _host(
+        self, call: CallRecord, args: Mapping[str, Any], run: HostRun, answer: FanoutAnswer
+    ) -> None:
+        """One host of a fan-out, alone: its attempts, its verdict to the answer. Its
+        envelope lives only here, not in the worker that goes on to the next host."""
+        try:
+            self._refuse_drifted(call.op, run.host)
+            verdict = await self._attempts(call, args, run.host, run)
+        except (DispatchRefusal, UpstreamError) as exc:
+            verdict = Verdict(failure=failure_of(exc))
+            run.close_attempt(verdict)
+        self._answered(call, answer, run, verdict)
+        self._after_refusal(call.op, run.host, verdict)
 
     def _answered(
         self, call: CallRecord, answer: FanoutAnswer, run: HostRun, verdict: Verdict
     ) -> None:
         """One host is done: its own envelope (checked by the operation's host guard) goes
-        to the answer, which keeps it only if it is shown; the host keeps its failure, all
-        its audit row needs. So no host's output outlives its judging."""
+        to the answer, which keeps it only if it is shown; the host keeps its audit row,
+        serialized. So no host's output outlives its judging."""
         answer.add(run.host, seal_line(call.op, call.request_id, verdict))
-        run.verdict = Verdict(failure=verdict.failure)
+        run.answered(verdict)
 
     def _fanout_verdict(self, call: CallRecord, hosts: FanoutAnswer) -> Verdict:
         """The fan-out answer from the hosts' counts and the entries shown, checked as a
