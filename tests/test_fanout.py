@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import gc
 import os
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +26,24 @@ from sshadapter.daemon.audit_verify import verify
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 
-SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "https://sshadapter.invalid/schemas/fleet_state.v1.json",
-    "type": "object",
-    "required": ["state", "word"],
-    "properties": {
-        "state": {"enum": ["up", "down"]},
-        "word": {"type": "string", "pattern": "^state$"},
-    },
-    "additionalProperties": False,
-}
+
+def closed_schema(name: str, **properties: Mapping[str, Any]) -> dict[str, Any]:
+    """The output schema ``name``.v1.json: an object of exactly ``properties``, all required."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"https://sshadapter.invalid/schemas/{name}.v1.json",
+        "type": "object",
+        "required": list(properties),
+        "properties": dict(properties),
+        "additionalProperties": False,
+    }
+
+
+SCHEMA = closed_schema(
+    "fleet_state",
+    state={"enum": ["up", "down"]},
+    word={"type": "string", "pattern": "^state$"},
+)
 
 
 def command_file(name: str = "fleet_state", **keys: str) -> str:
@@ -680,17 +687,9 @@ def test_a_fan_out_runs_at_most_its_concurrency_of_hosts_at_once(
     assert in_flight["peak"] == peak
 
 
-BLOB_SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "https://sshadapter.invalid/schemas/fleet_blob.v1.json",
-    "type": "object",
-    "required": ["state", "blob"],
-    "properties": {
-        "state": {"enum": ["up", "down"]},
-        "blob": {"type": "string", "maxLength": 30000},
-    },
-    "additionalProperties": False,
-}
+BLOB_SCHEMA = closed_schema(
+    "fleet_blob", state={"enum": ["up", "down"]}, blob={"type": "string", "maxLength": 30000}
+)
 BLOB_OPERATION = """
 description = "A large document from each host, shown whole."
 version = 1

@@ -36,6 +36,7 @@ import orjson
 from bench_fleet import CALL_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS, daemon_config, launch
 from fleet_sshd import Fleet, running_fleet
 from harness import ROOT, AgentConn, loadavg, machine, proc_status, reset_peak_rss
+from test_fanout import closed_schema
 
 from sshadapter.config import DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT
 
@@ -48,21 +49,11 @@ SMALL_TOOL: Final = "fleet_small"  # the warm-up: the same operation on a one-li
 GROWTH_FACTOR: Final = 3  # the target: 3 x (hosts in flight x max output) + answer
 HOSTS_IN_FLIGHT: Final = DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT  # the daemon's, left at its default
 
-SCHEMA: Final = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "https://sshadapter.invalid/schemas/fleet_lines.v1.json",
-    "type": "object",
-    "required": ["state", "lines"],
-    "properties": {
-        "state": {"enum": ["ok", "degraded"]},
-        "lines": {
-            "type": "array",
-            "maxItems": 1000,
-            "items": {"type": "string", "maxLength": 200},
-        },
-    },
-    "additionalProperties": False,
-}
+SCHEMA: Final = closed_schema(
+    "fleet_lines",
+    state={"enum": ["ok", "degraded"]},
+    lines={"type": "array", "maxItems": 1000, "items": {"type": "string", "maxLength": 200}},
+)
 
 
 def operation(document: Path) -> str:
