@@ -172,15 +172,19 @@ class HostRun(_Attempts):
     """One host of a fan-out: its attempts, until it has its answer; then its audit row."""
 
     host: str
+    rows: bytearray
+    """The fan-out's ``host_results`` rows, serialized, one buffer for all its hosts
+    (``CallRecord.host_rows``)."""
     attempts: list[Attempt] = field(default_factory=list)
     running: Running | None = None
-    row: orjson.Fragment | None = None
-    """Its row of ``host_results``, serialized once the host has its answer (its attempts
-    then dropped): what a done host keeps is ~0.5 KB of JSON, not its objects, so a
-    1,000-host fan-out holds little more than its answer while the last hosts run."""
+    span: tuple[int, int] | None = None
+    """Where its row is in ``rows``, once the host has its answer (its attempts then
+    dropped). One buffer, not a row object per host: a done host keeps two integers, and
+    a thousand small blocks left among the large short-lived ones of the hosts still
+    running would fragment the heap."""
 
     def answered(self, verdict: Verdict) -> None:
-        """The host's verdict is in: its row, made now, replaces its attempts."""
+        """The host's verdict is in: its row, written now, replaces its attempts."""
         outcome = "success" if verdict.failure is None else "failure"
         row = {
             "host": self.host,
@@ -189,20 +193,22 @@ class HostRun(_Attempts):
             **verdict.record(),
             "attempts": [attempt.record() for attempt in self.attempts],
         }
-        # An exact-size copy: orjson's buffer behind a 0.5 KB row is 4 KB.
-        self.row = orjson.Fragment(memoryview(orjson.dumps(row)).tobytes())
+        start = len(self.rows)
+        self.rows += orjson.dumps(row)
+        self.span = (start, len(self.rows))
         self.attempts = []
 
-    def record(self) -> orjson.Fragment:
-        """Its row in the result record's ``host_results`` (docs/audit.md "result")."""
-        if self.row is None:  # cut before it answered: the fan-out was cancelled
+    def record(self) -> tuple[int, int]:
+        """Where its row of the result record's ``host_results`` is (docs/audit.md
+        "result"); a host cut before it answered gets its row now."""
+        if self.span is None:  # cut before it answered: the fan-out was cancelled
             verdict = Verdict(
                 failure=failure_of(UpstreamError("fanout_cancelled", retryable=True, ran=True))
             )
             self.close_attempt(verdict)
             self.answered(verdict)
-        assert self.row is not None  # by answered
-        return self.row
+        assert self.span is not None  # by answered
+        return self.span
 
 
 @dataclass(eq=False)
@@ -223,7 +229,9 @@ class CallRecord(_Attempts):
     hosts: tuple[str, ...] = ()
     """Its hosts, sorted, once stage 3 resolved them."""
     runs: dict[str, HostRun] = field(default_factory=dict)
-    """A fan-out's hosts, each with its attempts and verdict."""
+    """A fan-out's hosts, each with its attempts, then the place of its row."""
+    host_rows: bytearray = field(default_factory=bytearray)
+    """A fan-out's ``host_results`` rows, serialized as its hosts answer."""
     approval: Approval | None = None
     """Who approved its command, for an operation that requires approval."""
 
@@ -261,5 +269,7 @@ class CallRecord(_Attempts):
             **verdict.record(),
         }
         if self.op.multi:
-            record["host_results"] = [run.record() for run in self.runs.values()]
+            spans = [run.record() for run in self.runs.values()]  # in the order of hosts
+            rows = b",".join(self.host_rows[start:end] for start, end in spans)
+            record["host_results"] = orjson.Fragment(b"[" + rows + b"]")
         return record

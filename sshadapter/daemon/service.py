@@ -436,7 +436,7 @@ class Service:
         (its own attempts, verdict and quarantine), within the call's deadline and its
         concurrency, and the daemon's hosts in flight. A host that fails, fails alone."""
         fanout = call.op.spec.fanout
-        call.runs = {host: HostRun(host) for host in call.hosts}
+        call.runs = {host: HostRun(host, call.host_rows) for host in call.hosts}
         if call.approval is not None:
             call.approval.check(call.command)  # what runs is what was approved
         await self.audit.append(call.intent())  # 4: durable before the first exec
@@ -469,7 +469,7 @@ class Service:
             failure=failure_of(UpstreamError("fanout_deadline", retryable=True, ran=True))
         )
         for run in call.runs.values():
-            if run.row is None:  # running or waiting when the deadline passed
+            if run.span is None:  # running or waiting when the deadline passed
                 run.close_attempt(deadline)
                 self._answered(call, answer, run, deadline)
         return self._fanout_verdict(call, answer)
