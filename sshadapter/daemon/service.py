@@ -195,6 +195,7 @@ class Service:
         self.registry = registry
         self.grants = grants
         self.max_fanout_hosts_in_flight = max_fanout_hosts_in_flight
+        """The most workers one fan-out starts (each takes its hosts in turn)."""
         self.fanout_hosts = asyncio.Semaphore(max_fanout_hosts_in_flight)
         """Hosts in flight across every fan-out (DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT)."""
         self.inventory = inventory or Inventory.bare(
