@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +22,28 @@ from daemon_harness import ROOT, Running, with_daemon
 from sshd import FaultServer, running_fault_server, write_known_hosts
 
 from sshadapter.config import Allow, Grant, GroupSection, HostSection
+from sshadapter.daemon.audit_verify import verify
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 
-SCHEMA = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "https://sshadapter.invalid/schemas/fleet_state.v1.json",
-    "type": "object",
-    "required": ["state", "word"],
-    "properties": {
-        "state": {"enum": ["up", "down"]},
-        "word": {"type": "string", "pattern": "^state$"},
-    },
-    "additionalProperties": False,
-}
+
+def closed_schema(name: str, **properties: Mapping[str, Any]) -> dict[str, Any]:
+    """The output schema ``name``.v1.json: an object of exactly ``properties``, all required."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"https://sshadapter.invalid/schemas/{name}.v1.json",
+        "type": "object",
+        "required": list(properties),
+        "properties": dict(properties),
+        "additionalProperties": False,
+    }
+
+
+SCHEMA = closed_schema(
+    "fleet_state",
+    state={"enum": ["up", "down"]},
+    word={"type": "string", "pattern": "^state$"},
+)
 
 
 def command_file(name: str = "fleet_state", **keys: str) -> str:
@@ -676,3 +685,98 @@ def test_a_fan_out_runs_at_most_its_concurrency_of_hosts_at_once(
     on_fleet(tmp_path, body, runner, hosts, commands, schemas)
     assert seen["answer"]["data"]["succeeded"] == 10
     assert in_flight["peak"] == peak
+
+
+BLOB_SCHEMA = closed_schema(
+    "fleet_blob", state={"enum": ["up", "down"]}, blob={"type": "string", "maxLength": 30000}
+)
+BLOB_OPERATION = """
+description = "A large document from each host, shown whole."
+version = 1
+targets = ["fleet"]
+argv = ["print-blob"]
+timeout_seconds = 5
+read_only = true
+idempotent = true
+
+[output]
+format = "json"
+schema = "fleet_blob.v1.json"
+max_bytes = 65536
+
+[fanout]
+max_results = 1
+
+[agent]
+fields = ["state", "blob"]
+"""
+BLOB_BYTES = 20_000  # far above any field the audit keeps of a host (digests, a detail)
+
+
+def outputs_reachable(roots: list[Any], outputs: int) -> list[int]:
+    """Which of outputs 1 to ``outputs`` (marked ``output-NN-``) a str, bytes or bytearray
+    reachable from ``roots`` holds (through containers, tuples that the collector
+    untracked included), stopping at types, modules and functions."""
+    stop = (type, type(os), type(outputs_reachable))
+    seen: set[int] = set()
+    texts: list[str] = []
+    todo = list(roots)
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, stop):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, str):
+            texts.append(obj)
+        elif isinstance(obj, bytes | bytearray):
+            texts.append(obj.decode("latin-1"))
+        else:
+            todo.extend(gc.get_referents(obj))
+    return [n for n in range(1, outputs + 1) if any(f"output-{n:02d}-" in t for t in texts)]
+
+
+def test_a_fan_out_keeps_no_hosts_output_past_its_judging(tmp_path: Path) -> None:
+    """A done host keeps only its audit row; of its output only the shown entries stay."""
+    commands, schemas = operator_files(tmp_path, ("fleet_blob", BLOB_OPERATION))
+    (schemas / "fleet_blob.v1.json").write_bytes(orjson.dumps(BLOB_SCHEMA))
+    hosts, _ = scripted_fleet(6)
+    seen: dict[str, Any] = {}
+    service: list[Any] = []
+    outputs: list[bytes] = []
+
+    def output(n: int) -> bytes:
+        marker = f"output-{n:02d}-"
+        return orjson.dumps({"state": "up", "blob": marker + "x" * BLOB_BYTES})
+
+    async def answer() -> RunResult:
+        outputs.append(b"")
+        n = len(outputs)
+        if n == len(hosts):  # the last host runs while the five others are done
+            (call,) = service[0].calls.values()
+            for _ in range(50):  # the others, answered at once, are judged in a few turns
+                await asyncio.sleep(0)
+            gc.collect()
+            seen["kept by hosts"] = outputs_reachable(list(call.runs.values()), n - 1)
+            seen["outputs alive"] = outputs_reachable(gc.get_objects(), n - 1)
+        return RunResult(output(n), b"", 0)
+
+    async def body(d: Running) -> None:
+        service.append(d.service)
+        seen["answer"] = await d.ask(run_on("fleet", tool="fleet_blob"))
+        seen["records"] = d.audit_records()
+        seen["verify"] = verify([d.audit_path])
+
+    runner = ScriptedRunner({"print-blob": answer})
+    on_fleet(tmp_path, body, runner, hosts, commands, schemas)
+    assert seen["kept by hosts"] == []
+    assert seen["outputs alive"] == [1]  # web000's: the one entry the answer shows
+    data = seen["answer"]["data"]
+    assert (data["hosts"], data["succeeded"], data["omitted"]) == (6, 6, 5)
+    (shown,) = data["results"]
+    assert shown["host"] == "web000" and shown["data"] == orjson.loads(output(1))
+    result = seen["records"][-1]
+    assert [a["stdout_bytes"] for r in result["host_results"] for a in r["attempts"]] == [
+        len(output(1))
+    ] * 6
+    assert_audit_schema(seen["records"])
+    assert seen["verify"].ok

@@ -171,30 +171,6 @@ def envelope_guard_schema(published: Mapping[str, Any]) -> dict[str, Any]:
 FANOUT_TARGET_PATTERN: Final = "^[a-z][a-z0-9_-]{0,62}$"  # config.TARGET_NAME
 
 
-def fanout_data(target: str, results: list[dict[str, Any]], max_results: int) -> dict[str, Any]:
-    """The `data` of a fan-out answer: counts, then at most ``max_results`` host entries,
-    failures first (by code, then alias), then successes (by alias); ``omitted`` counts
-    what the cap left out. ``results`` holds one entry per host (``host_entry``)."""
-    failed = sorted(
-        (r for r in results if r["outcome"] == "failure"),
-        key=lambda r: (r["error"]["code"], r["host"]),
-    )
-    succeeded = sorted((r for r in results if r["outcome"] == "success"), key=lambda r: r["host"])
-    by_code: dict[str, int] = {}
-    for entry in failed:
-        by_code[entry["error"]["code"]] = by_code.get(entry["error"]["code"], 0) + 1
-    shown = (failed + succeeded)[:max_results]
-    return {
-        "target": target,
-        "hosts": len(results),
-        "succeeded": len(succeeded),
-        "failed": len(failed),
-        "omitted": len(results) - len(shown),
-        "failures_by_code": dict(sorted(by_code.items())),
-        "results": shown,
-    }
-
-
 def host_entry(host: str, sealed: Mapping[str, Any]) -> dict[str, Any]:
     """One host's entry of a fan-out answer, from that host's own sealed envelope."""
     if sealed["outcome"] == "success":

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from sshadapter.contract.evaluate import Verdict
 from sshadapter.contract.registry import Operation
 from sshadapter.daemon.audit import now_text
@@ -86,7 +88,8 @@ class Attempt:
     duration_seconds: float
     """From the attempt's start to its verdict, rounded to the microsecond."""
     verdict: Verdict
-    """What it proved; its fields go to the record (``Verdict.record``)."""
+    """What it proved, as far as the record says it (``Verdict.record``): its failure, never
+    its envelope (a fan-out host's would hold its data until the whole call ends)."""
     evidence: Evidence | None = None
     """What came back, when output came back."""
     transport_error: str | None = None
@@ -133,7 +136,7 @@ class Running:
     def done(self, verdict: Verdict, interrupted: str | None = None) -> Attempt:
         return Attempt(
             round(time.monotonic() - self.started, 6),
-            verdict,
+            Verdict(failure=verdict.failure),
             self.evidence,
             self.transport_error,
             self.quarantine,
@@ -166,30 +169,46 @@ class _Attempts:
 
 @dataclass(eq=False)
 class HostRun(_Attempts):
-    """One host of a fan-out: its attempts and its own sealed verdict."""
+    """One host of a fan-out: its attempts, until it has its answer; then its audit row."""
 
     host: str
+    rows: bytearray
+    """The fan-out's ``host_results`` rows, serialized, one buffer for all its hosts
+    (``CallRecord.host_rows``)."""
     attempts: list[Attempt] = field(default_factory=list)
     running: Running | None = None
-    verdict: Verdict | None = None
-    """Sealed, once the host has its answer."""
+    span: tuple[int, int] | None = None
+    """Where its row is in ``rows``, once the host has its answer (its attempts then
+    dropped). One buffer, not a row object per host: a done host keeps two integers, and
+    a thousand small blocks left among the large short-lived ones of the hosts still
+    running would fragment the heap."""
 
-    def record(self) -> dict[str, Any]:
-        """Its row in the result record's ``host_results`` (docs/audit.md "result")."""
-        verdict = self.verdict
-        if verdict is None:  # cut before it answered: the fan-out was cancelled
-            verdict = Verdict(
-                failure=failure_of(UpstreamError("fanout_cancelled", retryable=True, ran=True))
-            )
-            self.close_attempt(verdict)
+    def answered(self, verdict: Verdict) -> None:
+        """The host's verdict is in: its row, written now, replaces its attempts."""
         outcome = "success" if verdict.failure is None else "failure"
-        return {
+        row = {
             "host": self.host,
             "outcome": outcome,
             "code": verdict.code,
             **verdict.record(),
             "attempts": [attempt.record() for attempt in self.attempts],
         }
+        start = len(self.rows)
+        self.rows += orjson.dumps(row)
+        self.span = (start, len(self.rows))
+        self.attempts = []
+
+    def record(self) -> tuple[int, int]:
+        """Where its row of the result record's ``host_results`` is (docs/audit.md
+        "result"); a host cut before it answered gets its row now."""
+        if self.span is None:  # cut before it answered: the fan-out was cancelled
+            verdict = Verdict(
+                failure=failure_of(UpstreamError("fanout_cancelled", retryable=True, ran=True))
+            )
+            self.close_attempt(verdict)
+            self.answered(verdict)
+        assert self.span is not None  # by answered
+        return self.span
 
 
 @dataclass(eq=False)
@@ -210,7 +229,9 @@ class CallRecord(_Attempts):
     hosts: tuple[str, ...] = ()
     """Its hosts, sorted, once stage 3 resolved them."""
     runs: dict[str, HostRun] = field(default_factory=dict)
-    """A fan-out's hosts, each with its attempts and verdict."""
+    """A fan-out's hosts, each with its attempts, then the place of its row."""
+    host_rows: bytearray = field(default_factory=bytearray)
+    """A fan-out's ``host_results`` rows, serialized as its hosts answer."""
     approval: Approval | None = None
     """Who approved its command, for an operation that requires approval."""
 
@@ -248,5 +269,7 @@ class CallRecord(_Attempts):
             **verdict.record(),
         }
         if self.op.multi:
-            record["host_results"] = [run.record() for run in self.runs.values()]
+            spans = [run.record() for run in self.runs.values()]  # in the order of hosts
+            rows = b",".join(self.host_rows[start:end] for start, end in spans)
+            record["host_results"] = orjson.Fragment(b"[" + rows + b"]")
         return record

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import collections
 import contextlib
 import hashlib
 import logging
@@ -38,6 +37,7 @@ from sshadapter.daemon.approvals import APPROVER_OPS, Approvals, Watch, unwatche
 from sshadapter.daemon.audit import AuditLog
 from sshadapter.daemon.authorize import Peer
 from sshadapter.daemon.drift import PolicyMonitor
+from sshadapter.daemon.fanout_answer import FanoutAnswer
 from sshadapter.daemon.grants import Access
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.offload import Judge
@@ -194,6 +194,8 @@ class Service:
         """Set by the drain past its deadline: a cancelled call then answers INTERNAL."""
         self.registry = registry
         self.grants = grants
+        self.max_fanout_hosts_in_flight = max_fanout_hosts_in_flight
+        """The most workers one fan-out starts (each takes its hosts in turn)."""
         self.fanout_hosts = asyncio.Semaphore(max_fanout_hosts_in_flight)
         """Hosts in flight across every fan-out (DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT)."""
         self.inventory = inventory or Inventory.bare(
@@ -435,34 +437,27 @@ class Service:
         """Stages 4-10 on every host of the target: one intent first, then each host alone
         (its own attempts, verdict and quarantine), within the call's deadline and its
         concurrency, and the daemon's hosts in flight. A host that fails, fails alone."""
-        op, fanout = call.op, call.op.spec.fanout
-        call.runs = {host: HostRun(host) for host in call.hosts}
+        fanout = call.op.spec.fanout
+        call.runs = {host: HostRun(host, call.host_rows) for host in call.hosts}
         if call.approval is not None:
             call.approval.check(call.command)  # what runs is what was approved
         await self.audit.append(call.intent())  # 4: durable before the first exec
-        # The call's own bound, where it can bind: with no more hosts than it, each host
-        # would take a permit at once, and the daemon's slots (below) still bound them all.
-        mine: contextlib.AbstractAsyncContextManager[Any] = (
-            asyncio.Semaphore(fanout.concurrency)
-            if len(call.hosts) > fanout.concurrency
-            else contextlib.nullcontext()
-        )
         # One host is a single call, wherever it was named: it takes no fan-out slot, so it
         # never waits behind a fan-out holding them all (its call slot bounds it already).
         slot = self.fanout_hosts if len(call.hosts) > 1 else contextlib.nullcontext()
+        answer = FanoutAnswer(fanout.max_results)
+        # The call's concurrency and the daemon's hosts in flight bound the hosts running at
+        # once: that many workers take the hosts in turn, so a waiting host is one HostRun,
+        # not a task of its own (1,000 pending tasks were ~1 KB each).
+        waiting = iter(call.runs.values())
 
-        async def one(run: HostRun) -> None:
-            async with mine, slot:
-                try:
-                    self._refuse_drifted(op, run.host)
-                    verdict = await self._attempts(call, args, run.host, run)
-                except (DispatchRefusal, UpstreamError) as exc:
-                    verdict = Verdict(failure=failure_of(exc))
-                    run.close_attempt(verdict)
-                run.verdict = self._seal_host(call, verdict)
-                self._after_refusal(op, run.host, verdict)
+        async def worker() -> None:
+            for run in waiting:  # shared: each host is taken by one worker
+                async with slot:
+                    await self._host(call, args, run, answer)
 
-        tasks = [asyncio.ensure_future(one(run)) for run in call.runs.values()]
+        workers = min(len(call.runs), fanout.concurrency, self.max_fanout_hosts_in_flight)
+        tasks = [asyncio.ensure_future(worker()) for _ in range(workers)]
         try:
             done, _ = await asyncio.wait(tasks, timeout=fanout.deadline_seconds)
         finally:
@@ -476,28 +471,41 @@ class Service:
             failure=failure_of(UpstreamError("fanout_deadline", retryable=True, ran=True))
         )
         for run in call.runs.values():
-            if run.verdict is None:
+            if run.span is None:  # running or waiting when the deadline passed
                 run.close_attempt(deadline)
-                run.verdict = self._seal_host(call, deadline)
-        return self._fanout_verdict(call)
+                self._answered(call, answer, run, deadline)
+        return self._fanout_verdict(call, answer)
 
-    def _seal_host(self, call: CallRecord, verdict: Verdict) -> Verdict:
-        """One host's verdict with its own envelope (checked by the operation's host guard)."""
-        return Verdict(failure=verdict.failure, sealed=seal_line(call.op, call.request_id, verdict))
+    async def _host(
+        self, call: CallRecord, args: Mapping[str, Any], run: HostRun, answer: FanoutAnswer
+    ) -> None:
+        """One host of a fan-out, alone: its attempts, its verdict to the answer. Its
+        envelope lives only here, not in the worker that goes on to the next host."""
+        try:
+            self._refuse_drifted(call.op, run.host)
+            verdict = await self._attempts(call, args, run.host, run)
+        except (DispatchRefusal, UpstreamError) as exc:
+            verdict = Verdict(failure=failure_of(exc))
+            run.close_attempt(verdict)
+        self._answered(call, answer, run, verdict)
+        self._after_refusal(call.op, run.host, verdict)
 
-    def _fanout_verdict(self, call: CallRecord) -> Verdict:
-        """The fan-out answer from each host's sealed envelope, checked as a whole."""
+    def _answered(
+        self, call: CallRecord, answer: FanoutAnswer, run: HostRun, verdict: Verdict
+    ) -> None:
+        """One host is done: its own envelope (checked by the operation's host guard) goes
+        to the answer, which keeps it only if it is shown; the host keeps its audit row,
+        serialized. So no host's output outlives its judging."""
+        answer.add(run.host, seal_line(call.op, call.request_id, verdict))
+        run.answered(verdict)
+
+    def _fanout_verdict(self, call: CallRecord, hosts: FanoutAnswer) -> Verdict:
+        """The fan-out answer from the hosts' counts and the entries shown, checked as a
+        whole."""
         op = call.op
-        entries = []
-        counts: collections.Counter[tuple[str, str]] = collections.Counter()
-        for run in call.runs.values():
-            assert run.verdict is not None and run.verdict.sealed is not None
-            entries.append(envelope.host_entry(run.host, orjson.loads(run.verdict.sealed.line)))
-            counts[run.verdict.sealed.outcome, run.verdict.sealed.code or ""] += 1
-        for (outcome, code), hosts in counts.items():  # one series update per kind of answer
-            self.metrics.fanout_hosts.labels(op.name, outcome, code).inc(hosts)
-        data = envelope.fanout_data(call.target, entries, op.spec.fanout.max_results)
-        answer = envelope.success(op.name, call.request_id, data)
+        for (outcome, code), n in hosts.kinds.items():  # one series update per kind of answer
+            self.metrics.fanout_hosts.labels(op.name, outcome, code).inc(n)
+        answer = envelope.success(op.name, call.request_id, hosts.data(call.target))
         if not op.envelope_guard.is_valid(answer):
             raise RuntimeError("fan-out envelope does not match its schema")  # a bug
         line = orjson.dumps(answer, option=orjson.OPT_APPEND_NEWLINE)
@@ -518,32 +526,41 @@ class Service:
                 if call.approval is not None:
                     call.approval.check(call.command)  # what runs is what was approved
                 await self.audit.append(call.intent(), alone=len(self.calls) == 1)  # 4
-            attempt = record.begin_attempt()
-            try:
-                run = await self.runner.run(  # 5
-                    host,
-                    call.command,
-                    timeout=op.spec.timeout_seconds,
-                    max_stdout=op.spec.output.max_bytes,
-                    max_stderr=op.spec.output.max_stderr_bytes,
-                )
-            except UpstreamError as exc:
-                verdict = Verdict(failure=failure_of(exc))
-                attempt.transport_error = exc.reason
-                ran = exc.ran
-            else:
-                judged = await self.judge.judge(  # 6-10, off the loop for a large output
-                    self.registry, op, args, run, self.clock(), call.request_id
-                )
-                attempt.evidence = judged.evidence
-                verdict, ran = judged.verdict, True
-                if verdict.rejected:
-                    stem = call.request_id if record is call else f"{call.request_id}.{host}"
-                    attempt.quarantine = await self._quarantine(stem, attempt.number, run)
-            record.end_attempt(verdict)
+            verdict, ran = await self._attempt(call, args, host, record)
             if not _should_retry(op, verdict, ran, len(record.attempts), deadline):
                 return verdict
             await self.sleep(RETRY_BACKOFF_SECONDS * 2 ** (len(record.attempts) - 1))
+
+    async def _attempt(
+        self, call: CallRecord, args: Mapping[str, Any], host: str, record: HostRun | CallRecord
+    ) -> tuple[Verdict, bool]:
+        """Stages 5-10 once: the verdict, and whether the command ran. The output lives only
+        here: judged, digested, quarantined if rejected, and dropped on return, so a retry's
+        backoff and its next run never hold the last one's bytes."""
+        op = call.op
+        attempt = record.begin_attempt()
+        try:
+            run = await self.runner.run(  # 5
+                host,
+                call.command,
+                timeout=op.spec.timeout_seconds,
+                max_stdout=op.spec.output.max_bytes,
+                max_stderr=op.spec.output.max_stderr_bytes,
+            )
+        except UpstreamError as exc:
+            verdict = Verdict(failure=failure_of(exc))
+            attempt.transport_error = exc.reason
+            record.end_attempt(verdict)
+            return verdict, exc.ran
+        judged = await self.judge.judge(  # 6-10, off the loop for a large output
+            self.registry, op, args, run, self.clock(), call.request_id
+        )
+        attempt.evidence = judged.evidence
+        if judged.verdict.rejected:
+            stem = call.request_id if record is call else f"{call.request_id}.{host}"
+            attempt.quarantine = await self._quarantine(stem, attempt.number, run)
+        record.end_attempt(judged.verdict)
+        return judged.verdict, True
 
     def _failed(self, call: CallRecord, exc: BaseException) -> Verdict:
         failure = failure_of(exc)

@@ -216,7 +216,7 @@ FANOUT_HOSTS: int | None = None
 """`--fanout-hosts`: the daemon's `max_fanout_hosts_in_flight` (None: the shipped default)."""
 
 
-def daemon_config(work: Path, aliases: tuple[str, ...]) -> str:
+def daemon_config(work: Path, aliases: tuple[str, ...], schemas: Path = ROOT / "schemas") -> str:
     """[server], [paths], [audit], [metrics] for a bench daemon in ``work``."""
     in_flight = "" if FANOUT_HOSTS is None else f"max_fanout_hosts_in_flight = {FANOUT_HOSTS}\n"
     return f"""\
@@ -229,7 +229,7 @@ max_connections = {len(aliases) + 64}
 {in_flight}
 [paths]
 commands = "commands"
-schemas = "{ROOT / "schemas"}"
+schemas = "{schemas}"
 inventory = "inventory.d"
 
 [audit]
@@ -243,8 +243,9 @@ listen = ""
 """
 
 
-def launch(config: Path, work: Path, name: str) -> tuple[Daemon, float]:
-    """``sshadapter serve --config`` through daemon_patches.SERVE (dies with this process)."""
+def launch(config: Path, work: Path, name: str, package: Path = ROOT) -> tuple[Daemon, float]:
+    """``sshadapter serve --config`` through daemon_patches.SERVE (dies with this process),
+    the package imported from the tree ``package`` (another checkout, to compare)."""
     setup = {
         "parent": os.getpid(),
         "loop_log": str(work / "loop.json"),
@@ -257,7 +258,7 @@ def launch(config: Path, work: Path, name: str) -> tuple[Daemon, float]:
         process = subprocess.Popen(
             [sys.executable, "-c", SERVE, json.dumps(setup)],
             cwd=work,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={**os.environ, "PYTHONPATH": str(package)},
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,

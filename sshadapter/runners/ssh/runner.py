@@ -125,9 +125,10 @@ class SshRunner:
                 raise UpstreamError("pool_closed", retryable=False, ran=True)
             if session.error is not None:
                 raise translate(session.error, ran=True) from session.error
+            stdout, stderr = session.take_output()
             return RunResult(
-                stdout=bytes(session.stdout),
-                stderr=bytes(session.stderr),
+                stdout=stdout,
+                stderr=stderr,
                 exit_status=session.result_status(),
                 duration_seconds=time.monotonic() - started,
             )

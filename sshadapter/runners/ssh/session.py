@@ -105,6 +105,13 @@ class Session(asyncssh.SSHClientSession[bytes]):
         self._finish_if_exited()
         return False  # asyncssh then sends our EOF too, as it does by default
 
+    def take_output(self) -> tuple[bytes, bytes]:
+        """stdout and stderr as bytes; the session keeps none of them (its channel may stay
+        open until the host closes it, long after the call has its result)."""
+        output = bytes(self.stdout), bytes(self.stderr)
+        self.stdout, self.stderr = bytearray(), bytearray()
+        return output
+
     @property
     def exited(self) -> bool:
         """The command is over and all its output is here: EOF and an exit status or signal."""
