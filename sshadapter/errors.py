@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from sshadapter.shown import shown
+from sshadapter.shown import one_line
 from sshadapter.strict_json import REASONS as JSON_REASONS
 
 Stage = Literal[
@@ -215,11 +215,7 @@ class ConfigError(SshadapterError):
         self.key = key
         self.reason = reason
         parts = (file, key, reason) if key else (file, reason)
-        super().__init__(": ".join(_one_line(part) for part in parts))
-
-
-def _one_line(part: str) -> str:
-    return part if part.isprintable() else shown(part, None)
+        super().__init__(": ".join(one_line(part) for part in parts))
 
 
 class RequestError(SshadapterError):

@@ -59,9 +59,14 @@ def shown(value: object, limit: int | None = DEFAULT_SHOWN_CHARS) -> str:
     return escaped
 
 
-def is_plain(text: str) -> bool:
-    """Whether ``text`` would be shown unchanged: printable and without a backslash."""
-    return text.isprintable() and "\\" not in text
+def one_line(text: str, limit: int | None = None) -> str:
+    """``text`` as it is when it is printable already, else ``shown``; cut past ``limit``
+    either way. For text that may hold escapes written on purpose (a pattern's ``\\z`` in
+    an error's advice, a value ``shown`` where it was quoted): printable text cannot act on a
+    terminal, so its backslashes are left single."""
+    if not text.isprintable():
+        return shown(text, limit)
+    return text if limit is None or len(text) <= limit else text[:limit] + "..."
 
 
 def json_shown(text: str) -> str:

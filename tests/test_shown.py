@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sshadapter.shown import is_plain, json_shown, shown
+from sshadapter.shown import json_shown, one_line, shown
 
 HOSTILE = [
     "\n",
@@ -53,10 +53,11 @@ def test_long_values_are_cut_with_an_ellipsis() -> None:
     assert shown("x" * 500, limit=None) == "x" * 500
 
 
-def test_is_plain_says_whether_shown_changes_the_text() -> None:
-    """``is_plain`` is the cheap test callers use to refuse rather than escape."""
-    assert is_plain("db-01.example")
-    assert not is_plain("db\u202e01")
+def test_one_line_keeps_printable_text_and_escapes_the_rest() -> None:
+    """Printable text (an error's advice about ``\\z``) stays; anything else is ``shown``."""
+    assert one_line("write \\Z as \\z") == "write \\Z as \\z"
+    assert one_line("db\u202e01\\z") == "db\\u202e01\\\\z"
+    assert one_line("x" * 10, limit=4) == "xxxx..."
 
 
 def test_json_shown_escapes_inside_strings_and_keeps_the_value() -> None:

@@ -34,7 +34,7 @@ from typing import IO, Final
 
 import orjson
 
-from sshadapter.shown import shown
+from sshadapter.shown import one_line
 
 # sd-daemon(3): the syslog priorities journald reads from a `<N>` line prefix.
 PRIORITIES: Final = {
@@ -87,9 +87,7 @@ def escaped(text: str) -> str:
     """``text`` as one printable line: as it is when it is one already (a value escaped
     where it was quoted stays escaped once), else escaped whole (``shown``); cut past
     MAX_MESSAGE_CHARS either way."""
-    if not text.isprintable():
-        return shown(text, MAX_MESSAGE_CHARS)
-    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "..."
+    return one_line(text, MAX_MESSAGE_CHARS)
 
 
 def escaped_lines(text: str) -> str:
