@@ -188,13 +188,14 @@ def test_each_bad_host_fails_alone_and_the_others_answer(tmp_path: Path) -> None
 def on_fleet(
     tmp_path: Path,
     body: Callable[[Running], Awaitable[None]],
-    runner: ScriptedRunner,
+    runner: ScriptedRunner | None,
     hosts: dict[str, HostSection],
     commands: Path,
     schemas: Path,
     **options: Any,
 ) -> None:
-    """``with_daemon`` on ``hosts``, every one of them in the group `fleet`."""
+    """``with_daemon`` on ``hosts``, every one of them in the group `fleet` (``runner`` None
+    with ``ssh=True``: the production SSH runner)."""
     with_daemon(
         tmp_path,
         body,

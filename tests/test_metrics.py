@@ -18,9 +18,9 @@ import pytest
 from daemon_harness import JOB_COMMAND, JOB_OUT, ROOT, Running, shipped_commands, with_daemon
 from fleet_sshd import fleet_address
 from sshd import running_sshd, write_known_hosts
-from test_fanout import operator_files, run_on
+from test_fanout import on_fleet, operator_files, run_on
 
-from sshadapter.config import GroupSection, HostSection
+from sshadapter.config import HostSection
 from sshadapter.daemon.metrics import CALL_OUTCOMES, Metrics
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
@@ -198,15 +198,7 @@ def test_a_fan_out_to_unreachable_hosts_leaves_counts_by_reason_and_one_log_line
         assert answer["data"]["failures_by_code"] == {"UPSTREAM_UNAVAILABLE": 200}
         scraped.extend(d.service.metrics.exposition().decode().splitlines())
 
-    with_daemon(
-        tmp_path,
-        body,
-        ssh=True,
-        hosts=hosts,
-        groups={"fleet": GroupSection(members=tuple(hosts))},
-        commands=commands,
-        schemas=schemas,
-    )
+    on_fleet(tmp_path, body, None, hosts, commands, schemas, ssh=True)
     assert [line for line in scraped if 'host="' in line] == []
     refused = next(
         line
