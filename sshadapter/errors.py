@@ -142,6 +142,23 @@ TRANSPORT_REASONS: Final = frozenset(
     }
 )
 
+# The transport reasons a failed connect can end with (translate(connecting=True), or a
+# jump host's own): sshadapter_ssh_connect_failures_total starts each at 0, so an alert's
+# increase() sees the first one (docs/metrics.md "Series that start at 0").
+CONNECT_REASONS: Final = (
+    "no_credentials",
+    "host_key_unknown",
+    "host_key_mismatch",
+    "host_certificate_refused",
+    "auth_failed",
+    "client_certificate_invalid",
+    "client_certificate_refused",
+    "tunnel_refused",
+    "connect_timeout",
+    "connect_refused",
+    "connect_failed",
+)
+
 # Why a call to a dispatch host (`dispatch = true`) was refused; docs/dispatcher.md. Both
 # give UPSTREAM_UNAVAILABLE, never retryable: the same command stays refused until an
 # operator changes a policy, exactly like a refused key (auth_failed).

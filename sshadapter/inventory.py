@@ -4,9 +4,10 @@ Reference: docs/operations.md "Inventory". A group is the hosts whose labels
 include all of its ``match`` pairs, plus its ``members`` (aliases or groups),
 minus its ``exclude`` (aliases or groups), computed once when the configuration
 loads: no pattern from anyone reaches a call. Host aliases and group names share
-one namespace, the names an agent may give as ``target``. Errors name the file
-that defined the group, the key and the reason: an unknown name, an empty group,
-a cycle.
+one namespace, the names an agent may give as ``target``. The group ``all`` is
+implicit (as Ansible's): every host alias, jump hosts included; no file may
+declare it or name a host so. Errors name the file that defined the group, the
+key and the reason: an unknown name, an empty group, an empty ``match``, a cycle.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from sshadapter.shown import shown
 
 # A group may name groups that name groups: deeper than this is a mistake, not a design.
 MAX_GROUP_NESTING: Final = 16
+# The implicit group of every host alias (Ansible's name for it): no file declares it.
+ALL_GROUP: Final = "all"
 # Jump hosts before a target (``via`` chains): each hop adds a handshake and a round trip
 # to every call's connect; real fleets use one, rarely two (privilege.md B1).
 MAX_VIA_HOPS: Final = 3
@@ -86,6 +89,14 @@ def host_set_digest(aliases: tuple[str, ...]) -> str:
 def load_inventory(config: Config) -> Inventory:
     """The inventory of a loaded configuration, or ConfigError on the first bad group."""
     origins = config.origins
+    for kind, names in (("hosts", config.hosts), ("groups", config.groups)):
+        if ALL_GROUP in names:
+            raise ConfigError(
+                origins.get(ALL_GROUP, "<config>"),
+                f"{kind}.{ALL_GROUP}",
+                f"{ALL_GROUP!r} is the implicit group of every host: it cannot be declared; "
+                "choose another name",
+            )
     for name in config.groups:
         if name in config.hosts:
             raise ConfigError(
@@ -97,6 +108,8 @@ def load_inventory(config: Config) -> Inventory:
         via_chain(alias, config.hosts, origins)
     resolved: dict[str, tuple[str, ...]] = {}
     levels: dict[str, int] = {}
+    if config.hosts:  # a group is never empty: no hosts, no `all`
+        resolved[ALL_GROUP], levels[ALL_GROUP] = tuple(sorted(config.hosts)), 1
     for name in sorted(config.groups):
         _resolve(name, config, resolved, levels, ())
     return Inventory(dict(config.hosts), resolved, dict(origins))
@@ -143,6 +156,13 @@ def _resolve(
     if name in path:
         cycle = " -> ".join((*path[path.index(name) :], name))
         raise ConfigError(file, f"groups.{name}", f"groups name each other in a cycle: {cycle}")
+    if "match" in group.model_fields_set and not group.match:  # a slip, or "every host"
+        raise ConfigError(
+            file,
+            f"groups.{name}.match",
+            f"an empty match selects nothing: for every host, name the group {ALL_GROUP!r} "
+            f"(as a target, or in members = [{ALL_GROUP!r}])",
+        )
     below = 0
     chosen: set[str] = set()
     if group.match:
@@ -153,6 +173,8 @@ def _resolve(
         for member in names:
             if member in config.hosts:
                 found.add(member)
+            elif member == ALL_GROUP and member in resolved:
+                found.update(resolved[member])
             elif member in config.groups:
                 found.update(_resolve(member, config, resolved, levels, (*path, name)))
                 below = max(below, levels[member])

@@ -32,8 +32,20 @@ def test_inventory_alone_lists_every_group_with_its_digest(
     """`sshadapter inventory` prints each group's size and digest, then the totals."""
     status, out, _ = run(capsys, "inventory", "--config", str(write(tmp_path)))
     assert status == 0
-    assert out.splitlines()[-1] == "4 host(s), 2 group(s)"
+    assert out.splitlines()[-1] == "4 host(s), 3 group(s)"
     assert f"prod      2  {host_set_digest(('local', 'web1'))}" in out
+
+
+def test_inventory_lists_the_implicit_group_all_and_shows_its_hosts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`inventory` lists `all` (no file declares it); `inventory show all` prints every alias."""
+    config = str(write(tmp_path))
+    every = ("ci", "local", "web1", "web2")
+    status, out, _ = run(capsys, "inventory", "--config", config)
+    assert status == 0 and f"all       4  {host_set_digest(every)}" in out.splitlines()
+    status, out, _ = run(capsys, "inventory", "show", "all", "--config", config)
+    assert status == 0 and out.splitlines() == [*every, f"# 4 host(s), {host_set_digest(every)}"]
 
 
 def test_inventory_json_gives_the_groups_and_one_targets_hosts(

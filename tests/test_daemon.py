@@ -131,7 +131,7 @@ def test_denied_uid_gets_denied_and_list_hides_the_tools(tmp_path: Path) -> None
         response = await d.ask(CALL)
         assert (response["tool"], code(response)) == ("job_run_status", "DENIED")
         listed = await d.ask({"op": "list"})
-        assert listed == {"tools": [], "digest": d.service.registry.digest}
+        assert listed == {"tools": [], "digest": d.service.list_digest}
 
     with_daemon(tmp_path, body, allow=Allow(uids=(os.getuid() + 4242,)), commands=ROOT / "commands")
 

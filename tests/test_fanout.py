@@ -188,13 +188,14 @@ def test_each_bad_host_fails_alone_and_the_others_answer(tmp_path: Path) -> None
 def on_fleet(
     tmp_path: Path,
     body: Callable[[Running], Awaitable[None]],
-    runner: ScriptedRunner,
+    runner: ScriptedRunner | None,
     hosts: dict[str, HostSection],
     commands: Path,
     schemas: Path,
     **options: Any,
 ) -> None:
-    """``with_daemon`` on ``hosts``, every one of them in the group `fleet`."""
+    """``with_daemon`` on ``hosts``, every one of them in the group `fleet` (``runner`` None
+    with ``ssh=True``: the production SSH runner)."""
     with_daemon(
         tmp_path,
         body,
@@ -355,6 +356,24 @@ def test_list_publishes_each_callers_own_targets_as_an_enum(tmp_path: Path) -> N
         "targets": ["fleet", "web000", "web001"],
         "next": None,
     }
+
+
+def test_an_operation_may_target_the_implicit_group_all(tmp_path: Path) -> None:
+    """`targets = ["all"]` with no group declared: `run_on` offers it, and it runs on every host."""
+    commands, schemas = operator_files(tmp_path, ("fleet_state", command_file(targets='["all"]')))
+    hosts, runner = scripted_fleet(5)
+    seen: dict[str, Any] = {}
+
+    async def body(d: Running) -> None:
+        seen["list"] = await d.ask({"op": "list"})
+        seen["answer"] = await d.ask(run_on("all"))
+
+    with_daemon(tmp_path, body, runner=runner, hosts=hosts, commands=commands, schemas=schemas)
+    (tool,) = seen["list"]["tools"]
+    assert tool["input_schema"]["properties"]["run_on"]["enum"] == ["all", *sorted(hosts)]
+    data = seen["answer"]["data"]
+    assert (data["target"], data["hosts"], data["succeeded"]) == ("all", 5, 5)
+    assert [r["host"] for r in data["results"]] == sorted(hosts)
 
 
 def test_a_mutating_operation_runs_on_one_host_unless_fan_out_is_enabled(tmp_path: Path) -> None:

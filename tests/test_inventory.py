@@ -87,16 +87,33 @@ def test_hosts_inherit_defaults_and_merge_labels(tmp_path: Path) -> None:
 def test_groups_resolve_to_sorted_closed_sets(tmp_path: Path) -> None:
     """`match` selects by label equality, `members` adds, the result is sorted and digested."""
     inventory = load_inventory(load_config(write(tmp_path))[0])
-    assert inventory.groups == {"web": ("web1", "web2"), "prod": ("local", "web1")}
+    assert inventory.groups == {
+        "all": ("ci", "local", "web1", "web2"),
+        "web": ("web1", "web2"),
+        "prod": ("local", "web1"),
+    }
     assert inventory.members("ci") == ("ci",) and inventory.members("nosuch") == ()
     assert inventory.digest("prod") == host_set_digest(("local", "web1"))
 
 
 def test_groups_of_groups_and_exclude(tmp_path: Path) -> None:
     """A group may name groups; `exclude` (an alias or a group) is taken away last."""
-    extra = '[groups.all]\nmembers = ["web", "ci"]\nexclude = ["prod"]\n'
+    extra = '[groups.most]\nmembers = ["web", "ci"]\nexclude = ["prod"]\n'
     inventory = load_inventory(load_config(write(tmp_path, more=extra))[0])
-    assert inventory.groups["all"] == ("ci", "web2")
+    assert inventory.groups["most"] == ("ci", "web2")
+
+
+def test_all_is_every_host_jump_hosts_included_and_a_group_may_name_it(tmp_path: Path) -> None:
+    """`all` is implicit: every alias, a jump host too; `members = ["all"]` with `exclude` works."""
+    extra = (
+        '[hosts.bastion]\naddress = "10.0.0.9"\n'
+        '[hosts.web3]\naddress = "10.0.0.3"\nvia = "bastion"\n'
+        '[groups.rest]\nmembers = ["all"]\nexclude = ["web", "bastion"]\n'
+    )
+    inventory = load_inventory(load_config(write(tmp_path, more=extra))[0])
+    assert inventory.members("all") == ("bastion", "ci", "local", "web1", "web2", "web3")
+    assert inventory.is_group("all")
+    assert inventory.groups["rest"] == ("ci", "local", "web3")
 
 
 @pytest.mark.parametrize(
@@ -118,6 +135,14 @@ def test_groups_of_groups_and_exclude(tmp_path: Path) -> None:
         ('[groups.ci]\nmembers = ["web1"]\n', "groups.ci", "already defined in"),
         ('[hosts.db1]\naddress = "x"\nlabels = { Role = "db" }\n', "hosts.db1.labels.Role", ""),
         ('[hosts.db1]\naddress = "x"\nbogus = 1\n', "hosts.db1.bogus", "unknown key"),
+        ('[groups.all]\nmembers = ["web1"]\n', "groups.all", "implicit group of every host"),
+        ('[hosts.all]\naddress = "10.0.0.8"\n', "hosts.all", "implicit group of every host"),
+        ("[groups.bad]\nmatch = {}\n", "groups.bad.match", "name the group 'all'"),
+        (
+            '[groups.bad]\nmatch = {}\nmembers = ["web1"]\n',
+            "groups.bad.match",
+            "an empty match selects nothing",
+        ),
     ],
 )
 def test_load_errors_name_file_key_and_reason(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -15,7 +16,9 @@ import asyncssh
 import orjson
 import pytest
 from daemon_harness import JOB_COMMAND, JOB_OUT, ROOT, Running, shipped_commands, with_daemon
+from fleet_sshd import fleet_address
 from sshd import running_sshd, write_known_hosts
+from test_fanout import on_fleet, operator_files, run_on
 
 from sshadapter.config import HostSection
 from sshadapter.daemon.metrics import CALL_OUTCOMES, Metrics
@@ -123,7 +126,7 @@ def test_alert_rules_in_the_docs_pass_promtool() -> None:
         if (
             line.strip().startswith("expr: sum by (tool, stage")
             or "histogram_quantile" in line
-            or "by (host, reason) (rate(" in line
+            or "by (reason) (rate(sshadapter_ssh" in line
         ):
             assert line.split("expr: ", 1)[1] in shown, line
 
@@ -141,7 +144,7 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_connect_failures_are_counted_by_host_and_reason(tmp_path: Path) -> None:
+def test_connect_failures_are_counted_by_reason(tmp_path: Path) -> None:
     """The production SSH runner of `assemble`, a host that refuses: connect_failures counts it."""
     host = HostSection(
         address="127.0.0.1",
@@ -161,14 +164,52 @@ def test_connect_failures_are_counted_by_host_and_reason(tmp_path: Path) -> None
         line = next(
             line
             for line in text.splitlines()
-            if line.startswith(
-                'sshadapter_ssh_connect_failures_total{host="local",reason="connect_refused"}'
-            )
+            if line.startswith('sshadapter_ssh_connect_failures_total{reason="connect_refused"}')
         )
         assert float(line.rsplit(" ", 1)[1]) >= 1
         check_with_promtool(text)
 
     with_daemon(tmp_path, body, ssh=True, hosts={"ci": host, "local": host})
+
+
+def test_a_fan_out_to_unreachable_hosts_leaves_counts_by_reason_and_one_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """200 hosts where nothing listens: no series per host, a count by reason, one log line."""
+    commands, schemas = operator_files(tmp_path)
+    key = tmp_path / "key"
+    asyncssh.generate_private_key("ssh-ed25519").write_private_key(key)
+    (tmp_path / "known_hosts").write_text("")
+    port = closed_port()
+    hosts = {
+        f"h{i:03d}": HostSection(
+            address=fleet_address(i),
+            port=port,
+            user="nobody",
+            client_keys=(key,),
+            known_hosts=tmp_path / "known_hosts",
+        )
+        for i in range(200)
+    }
+    scraped: list[str] = []
+
+    async def body(d: Running) -> None:
+        answer = await d.ask(run_on("fleet"))
+        assert answer["data"]["failures_by_code"] == {"UPSTREAM_UNAVAILABLE": 200}
+        scraped.extend(d.service.metrics.exposition().decode().splitlines())
+
+    on_fleet(tmp_path, body, None, hosts, commands, schemas, ssh=True)
+    assert [line for line in scraped if 'host="' in line] == []
+    refused = next(
+        line
+        for line in scraped
+        if line.startswith('sshadapter_ssh_connect_failures_total{reason="connect_refused"}')
+    )
+    assert float(refused.rsplit(" ", 1)[1]) >= 200
+    check_with_promtool("\n".join(scraped) + "\n")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings[:3]
+    assert "fleet_state on fleet: 200 of 200 hosts failed: UPSTREAM_UNAVAILABLE=200" in warnings[0]
 
 
 def test_audit_write_failures_are_counted(tmp_path: Path) -> None:
@@ -276,7 +317,7 @@ def test_known_label_sets_start_at_zero_and_process_metrics_are_exported(tmp_pat
 
 
 def test_a_first_host_key_mismatch_scraped_from_the_daemon_fires_the_alert(tmp_path: Path) -> None:
-    """A real sshd's changed host key: the series appears at 1, and promtool fires the alert."""
+    """A real sshd's changed host key: its series goes from 0 to 1, and promtool fires the alert."""
     with running_sshd() as sshd:
         other = asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode()
         known = write_known_hosts(tmp_path / "known_hosts", sshd.address, sshd.port, other)
@@ -291,19 +332,17 @@ def test_a_first_host_key_mismatch_scraped_from_the_daemon_fires_the_alert(tmp_p
 
         async def body(d: Running) -> None:
             before = d.service.metrics.exposition().decode()
-            assert "sshadapter_ssh_connect_failures_total{" not in before
+            assert f"{MISMATCH} 0.0" in before.splitlines()
             answer = await d.ask(LOAD)
             assert answer["error"] == {"code": "UPSTREAM_UNAVAILABLE", "retryable": False}
             scraped.extend(
                 line
                 for line in d.service.metrics.exposition().decode().splitlines()
-                if line.startswith("sshadapter_ssh_connect_failures_total{")
+                if line.startswith(MISMATCH)
             )
 
         with_daemon(tmp_path, body, ssh=True, hosts={"ci": host, "local": host})
-    assert scraped == [
-        'sshadapter_ssh_connect_failures_total{host="local",reason="host_key_mismatch"} 1.0'
-    ]
+    assert scraped == [f"{MISMATCH} 1.0"]
     series, value = scraped[0].rsplit(" ", 1)
     (tmp_path / "rules.yml").write_text(RULES.read_text())
     (tmp_path / "scrape.test.yml").write_text(
@@ -314,7 +353,7 @@ def test_a_first_host_key_mismatch_scraped_from_the_daemon_fires_the_alert(tmp_p
                 "tests": [
                     {
                         "interval": "1m",
-                        "input_series": [{"series": series, "values": f"_x5 {value}x10"}],
+                        "input_series": [{"series": series, "values": f"0x5 {value}x10"}],
                         "alert_rule_test": [
                             {"eval_time": "4m", "alertname": ALERT, "exp_alerts": []},
                             {
@@ -324,12 +363,11 @@ def test_a_first_host_key_mismatch_scraped_from_the_daemon_fires_the_alert(tmp_p
                                     {
                                         "exp_labels": {
                                             "severity": "critical",
-                                            "host": "local",
                                             "reason": "host_key_mismatch",
                                         },
                                         "exp_annotations": {
                                             "summary": "sshadapter cannot authenticate to "
-                                            "local (host_key_mismatch)",
+                                            "a host (host_key_mismatch): the audit names it",
                                             "runbook_url": "docs/runbooks.md#"
                                             "sshadapterhostkeyorauthfailure",
                                         },
@@ -353,6 +391,7 @@ def test_a_first_host_key_mismatch_scraped_from_the_daemon_fires_the_alert(tmp_p
 
 
 ALERT = "SshadapterHostKeyOrAuthFailure"
+MISMATCH = 'sshadapter_ssh_connect_failures_total{reason="host_key_mismatch"}'
 
 
 def dashboard_expressions() -> list[str]:

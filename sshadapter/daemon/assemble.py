@@ -126,9 +126,7 @@ def assemble(
         ssh = SshRunner(
             config.hosts,
             pool=config.pool,
-            on_connect_failure=lambda host, reason: metrics.connect_failures.labels(
-                host, reason
-            ).inc(),
+            on_connect_failure=lambda _host, reason: metrics.connect_failures.labels(reason).inc(),
             on_connect=connected,
             on_close=lambda reason: metrics.connections_closed.labels(reason).inc(),
             on_jump_lost=lambda host: metrics.jump_lost.labels(host).inc(),

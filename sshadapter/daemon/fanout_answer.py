@@ -47,9 +47,15 @@ class FanoutAnswer:
         if len(self._shown) > self.max_results:
             self._shown.pop()  # the last in the answer's order: never shown now
 
+    def failures_by_code(self) -> dict[str, int]:
+        """Hosts failed, by code, in the codes' order (the answer's and the log line's)."""
+        return dict(
+            sorted((code, n) for (outcome, code), n in self.kinds.items() if outcome == "failure")
+        )
+
     def data(self, target: str) -> dict[str, Any]:
         """The answer's `data`: the counts and the entries shown, each parsed from its line."""
-        by_code = {code: n for (outcome, code), n in self.kinds.items() if outcome == "failure"}
+        by_code = self.failures_by_code()
         hosts = sum(self.kinds.values())
         failed = sum(by_code.values())
         return {
@@ -58,7 +64,7 @@ class FanoutAnswer:
             "succeeded": hosts - failed,
             "failed": failed,
             "omitted": hosts - len(self._shown),
-            "failures_by_code": dict(sorted(by_code.items())),
+            "failures_by_code": by_code,
             "results": [
                 envelope.host_entry(host, orjson.loads(line)) for (_, _, host), line in self._shown
             ],

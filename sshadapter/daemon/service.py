@@ -53,7 +53,8 @@ from sshadapter.errors import (
     failure_of,
 )
 from sshadapter.inventory import Inventory, host_set_digest
-from sshadapter.runners.interface import Runner, RunResult
+from sshadapter.runners.interface import FANOUT_HOST, Runner, RunResult
+from sshadapter.shown import shown
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
 log = logging.getLogger(__name__)
@@ -452,6 +453,9 @@ class Service:
         waiting = iter(call.runs.values())
 
         async def worker() -> None:
+            # Set in this worker's own context: its hosts' connect failures are not logged
+            # one by one; _fanout_verdict logs the fan-out's one line with the counts.
+            FANOUT_HOST.set(len(call.hosts) > 1)
             for run in waiting:  # shared: each host is taken by one worker
                 async with slot:
                     await self._host(call, args, run, answer)
@@ -505,6 +509,7 @@ class Service:
         op = call.op
         for (outcome, code), n in hosts.kinds.items():  # one series update per kind of answer
             self.metrics.fanout_hosts.labels(op.name, outcome, code).inc(n)
+        _log_fanout(call, hosts)
         answer = envelope.success(op.name, call.request_id, hosts.data(call.target))
         if not op.envelope_guard.is_valid(answer):
             raise RuntimeError("fan-out envelope does not match its schema")  # a bug
@@ -673,6 +678,25 @@ def _log_failure(call: CallRecord, verdict: Verdict) -> None:
         code,
         stage,
         reason,
+        extra={"request_id": call.request_id},
+    )
+
+
+def _log_fanout(call: CallRecord, hosts: FanoutAnswer) -> None:
+    """The one warning line of a fan-out whose hosts failed, however many: its request id,
+    tool, target and the hosts failed by code (closed lists); which host failed how is in
+    the audit's host rows."""
+    failed = hosts.failures_by_code()
+    if not failed:
+        return
+    log.warning(
+        "%s %s on %s: %d of %d hosts failed: %s",
+        call.request_id,
+        call.op.name,
+        shown(call.target),
+        sum(failed.values()),
+        len(call.hosts),
+        " ".join(f"{code}={n}" for code, n in failed.items()),
         extra={"request_id": call.request_id},
     )
 

@@ -34,6 +34,7 @@ import asyncssh
 
 from sshadapter.config import HostSection
 from sshadapter.errors import UpstreamError
+from sshadapter.runners.interface import FANOUT_HOST
 from sshadapter.runners.ssh import exec_gate
 from sshadapter.runners.ssh.dial import certificate_label, dial, lists_host
 from sshadapter.runners.ssh.fleet import Fleet
@@ -478,8 +479,12 @@ class Pool:
                     certificate=certificate_label(self._section) is not None,
                 )
             outcome.__cause__ = exc
-            log.warning(
-                "ssh connect to host %s failed: %s (%s)", self.alias, outcome.reason, outcome.detail
+            log.log(
+                logging.DEBUG if FANOUT_HOST.get() else logging.WARNING,
+                "ssh connect to host %s failed: %s (%s)",
+                self.alias,
+                outcome.reason,
+                outcome.detail,
             )
             self._fleet.connect_failed(self.alias, outcome.reason)
         else:
