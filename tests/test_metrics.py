@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ from fleet_sshd import fleet_address
 from sshd import running_sshd, write_known_hosts
 from test_fanout import on_fleet, operator_files, run_on
 
-from sshadapter.config import HostSection
+from sshadapter.config import HostSection, PoolSection
 from sshadapter.daemon.metrics import CALL_OUTCOMES, Metrics
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
@@ -210,6 +211,47 @@ def test_a_fan_out_to_unreachable_hosts_leaves_counts_by_reason_and_one_log_line
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, warnings[:3]
     assert "fleet_state on fleet: 200 of 200 hosts failed: UPSTREAM_UNAVAILABLE=200" in warnings[0]
+
+
+def test_warm_hosts_not_reached_at_start_are_one_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """[pool] warm naming 50 hosts where nothing listens: one WARNING with the count by reason."""
+    key = tmp_path / "key"
+    asyncssh.generate_private_key("ssh-ed25519").write_private_key(key)
+    (tmp_path / "known_hosts").write_text("")
+    port = closed_port()
+    hosts = {
+        f"h{i:03d}": HostSection(
+            address=fleet_address(i),
+            port=port,
+            user="nobody",
+            client_keys=(key,),
+            known_hosts=tmp_path / "known_hosts",
+        )
+        for i in range(50)
+    }
+    hosts |= {"ci": hosts["h000"], "local": hosts["h000"]}
+
+    def reach_warnings() -> list[str]:  # the server's and the runner's, not the loader's
+        named = ("sshadapter.daemon.server", "sshadapter.runners")
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno >= logging.WARNING and r.name.startswith(named)
+        ]
+
+    async def body(d: Running) -> None:
+        for _ in range(500):  # the warming is in the background: wait for its line
+            if reach_warnings():
+                break
+            await asyncio.sleep(0.02)
+
+    warm = PoolSection(warm=tuple(f"h{i:03d}" for i in range(50)))
+    with_daemon(tmp_path, body, ssh=True, hosts=hosts, pool=warm)
+    assert reach_warnings() == [
+        "50 of 50 warm hosts not reachable yet (the first call tries again): connect_refused=50"
+    ]
 
 
 def test_audit_write_failures_are_counted(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ import os
 import select
 import signal
 import socket
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,7 @@ from sshadapter.daemon.unix_socket import SOCKET_BACKLOG, hangup, peer_of
 from sshadapter.dispatch import policy
 from sshadapter.errors import ConfigError, UpstreamError
 from sshadapter.inventory import Inventory, load_inventory
-from sshadapter.runners.interface import Runner
+from sshadapter.runners.interface import FANOUT_HOST, Runner
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +167,7 @@ class Daemon:
                 backlog=SOCKET_BACKLOG,
             )
             # Only what the operator asked for; the runner bounds the handshakes in flight.
-            warming = [asyncio.create_task(self._warm(alias)) for alias in self.warm]
+            warming = [asyncio.create_task(self._warm())] if self.warm else []
             if self.dispatch is not None:
                 warming.append(asyncio.create_task(self.dispatch.watch()))
             self.state = State.SERVING
@@ -269,8 +270,27 @@ class Daemon:
         except (ConfigError, OSError) as exc:
             log.error("audit log not reopened, still writing the old file: %s", exc)
 
-    async def _warm(self, alias: str) -> None:
-        """Open the first connection before the first call needs it; a failure is only logged.
+    async def _warm(self) -> None:
+        """Open each ``[pool] warm`` host's first connection before the first call needs it.
+
+        A failure is only logged, in one line with the count of hosts not reached by reason
+        (each host's own line at debug: ``FANOUT_HOST``), so 1,000 unreachable warm hosts
+        log one line, not 2,000; the first call tries again.
+        """
+        FANOUT_HOST.set(True)  # this task's context, copied into each host's task
+        reasons = await asyncio.gather(*(self._warm_one(alias) for alias in self.warm))
+        missed = Counter(reason for reason in reasons if reason is not None)
+        if missed:
+            counts = ", ".join(f"{reason}={n}" for reason, n in sorted(missed.items()))
+            log.warning(
+                "%d of %d warm hosts not reachable yet (the first call tries again): %s",
+                sum(missed.values()),
+                len(self.warm),
+                counts,
+            )
+
+    async def _warm_one(self, alias: str) -> str | None:
+        """One warm host: None once connected, else the transport reason.
 
         A dispatch host connected is then asked for its policy (sshadapter/daemon/drift.py
         ``connected``: once, also when the runner's own ``on_connect`` already asked); one
@@ -279,10 +299,11 @@ class Daemon:
         try:
             await self.runner.warm(alias)
         except UpstreamError as exc:
-            log.warning("host %s not reachable yet: %s", alias, exc)
-            return
+            log.debug("host %s not reachable yet: %s", alias, exc)
+            return exc.reason
         if self.dispatch is not None:
             self.dispatch.connected(alias)
+        return None
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 FANOUT_HOST: ContextVar[bool] = ContextVar("fanout_host", default=False)
-"""True in a task that runs one host of a fan-out (and in the tasks it starts): a runner
-then logs a failure to reach the host at debug level only, because the fan-out logs one
-line with the counts of all its hosts (each host's reason is in the audit). 1,000
-unreachable hosts log one line, not 1,000. A connect one call starts and others wait for
-is logged as its starter's: a single call that waited for a fan-out's connect still has
-its own failure line (service ``_log_failure``)."""
+"""True in a task that runs one host of a fan-out, or warms one host at start (and in the
+tasks it starts): a runner then logs a failure to reach the host at debug level only,
+because the fan-out (or the warming) logs one line with the counts of all its hosts (a
+fan-out host's reason is in the audit). 1,000 unreachable hosts log one line, not 1,000.
+A connect one call starts and others wait for is logged as its starter's: a single call
+that waited for a fan-out's connect still has its own failure line (service
+``_log_failure``)."""
 
 
 @dataclass(frozen=True, slots=True)
