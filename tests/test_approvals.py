@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -18,7 +19,8 @@ import jsonschema
 import orjson
 import pytest
 from daemon_harness import ROOT, Running, shipped_commands, with_daemon
-from mcp_harness import raw_bridge
+from mcp import Client, StdioServerParameters
+from mcp_harness import bridge_argv, raw_bridge
 
 from sshadapter.config import ApprovalsSection, Config, GroupSection, HostSection, PathsSection
 from sshadapter.contract.commandfile import MAX_APPROVAL_TIMEOUT_SECONDS
@@ -500,6 +502,47 @@ def test_a_call_its_mcp_host_gave_up_on_is_cancelled_at_once(
             assert verify([running.audit_path]).ok
 
     run(tmp_path, socket_dir, body)
+
+
+@pytest.mark.parametrize("decision", ["approve", "deny"])
+def test_an_mcp_call_with_a_progress_token_is_told_it_waits_for_approval(
+    tmp_path: Path, socket_dir: Path, decision: str
+) -> None:
+    """The official SDK hears "waiting for approval", then the hosts' count once approved.
+
+    The approver decides with `sshadapter approvals approve` (or deny); the answer arrives.
+    """
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def progressed(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    async def body(running: Running) -> None:
+        argv = bridge_argv(running.path)
+        async with Client(StdioServerParameters(command=argv[0], args=argv[1:])) as client:
+            args = {**ARGS, "run_on": "both"}
+            call = asyncio.create_task(client.call_tool(TOOL, args, progress_callback=progressed))
+            [entry] = await pending(running)
+            for _ in range(500):
+                if seen:
+                    break
+                await asyncio.sleep(0.01)
+            assert seen == [(0, None, "waiting for approval")]
+            status, out, _ = await cli_as(
+                APPROVER, "approvals", decision, entry["request_id"], "--socket", str(running.path)
+            )
+            assert status == 0, out
+            result = await call
+        answer = json.loads(result.content[0].text)  # type: ignore[union-attr]
+        if decision == "approve":
+            assert answer["outcome"] == "success" and answer["data"]["succeeded"] == 2
+            assert seen[-1] == (2, 2, None)
+        else:
+            assert answer["error"]["code"] == "DENIED"
+            assert seen == [(0, None, "waiting for approval")]
+        assert verify([running.audit_path]).ok
+
+    run(tmp_path, socket_dir, body, fleet=True)
 
 
 def test_an_agent_that_asks_again_leaves_one_call_to_approve(

@@ -7,7 +7,9 @@ so the daemon still identifies the caller by ``SO_PEERCRED``, decides, audits
 and answers. The bridge translates: the daemon's ``list`` becomes
 ``tools/list``, ``tools/call`` becomes one ``call``, and the envelope comes
 back unchanged as the tool result (``tools``). Both protocol eras are
-served (``protocol``); the reference is docs/mcp.md.
+served (``protocol``); the reference is docs/mcp.md. A call that carries a
+``progressToken`` asks the daemon for its progress lines and gets each as a
+``notifications/progress`` (hosts done of total; "waiting for approval").
 
 One daemon connection per request in flight (``daemon_link``): the daemon
 answers in order per connection, so concurrent calls need their own, and
@@ -31,7 +33,7 @@ from typing import Any, Final, Protocol
 import orjson
 
 from sshadapter.contract.codes import SYSTEM_TOOL
-from sshadapter.mcp.daemon_link import DaemonLink, DaemonUnreachable
+from sshadapter.mcp.daemon_link import DaemonLink, DaemonProgress, DaemonUnreachable, OnProgress
 from sshadapter.mcp.protocol import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -50,6 +52,7 @@ from sshadapter.mcp.protocol import (
     negotiate,
     notification,
     parse_message,
+    progress_token,
     result,
 )
 from sshadapter.mcp.stdio import END, TOO_LONG, Item, StdinLines, claim_stdout, write_all
@@ -232,7 +235,8 @@ class Bridge:
             if name == TARGETS_TOOL:
                 self._start(m, era, self._targets(m.id, era, arguments))
             else:
-                self._start(m, era, self._call(m.id, era, name, arguments))
+                token = progress_token(m)
+                self._start(m, era, self._call(m.id, era, name, arguments, token))
 
     def _initialize(self, m: Message) -> dict[str, Any]:
         requested = m.params.get("protocolVersion")
@@ -302,10 +306,18 @@ class Bridge:
         self.send(result(request_id, list_result(tools, era)))
 
     async def _call(
-        self, request_id: str | int, era: Era, name: str, arguments: Mapping[str, Any]
+        self,
+        request_id: str | int,
+        era: Era,
+        name: str,
+        arguments: Mapping[str, Any],
+        token: str | int | None = None,
     ) -> None:
+        progress = None if token is None else self._progress(token)
         try:
-            answer = await self.daemon.ask({"op": "call", "tool": name, "args": arguments})
+            answer = await self.daemon.ask(
+                {"op": "call", "tool": name, "args": arguments}, progress
+            )
             sealed = self._envelope(name, answer)
         except DaemonUnreachable as exc:
             sealed = bridge_envelope(name, "INTERNAL", exc.retryable)
@@ -369,6 +381,26 @@ class Bridge:
                 str(exc.retryable).lower(),
             )
         self.send(result(request_id, call_result(sealed, era)))
+
+    def _progress(self, token: str | int) -> OnProgress:
+        """The daemon's progress lines for one call, as ``notifications/progress`` for
+        ``token``: counts and a fixed message only, each progress above the last
+        (progress.mdx: "The progress value MUST increase with each notification")."""
+        last = -1
+
+        def said(progress: DaemonProgress) -> None:
+            nonlocal last
+            if progress.done <= last:
+                return
+            last = progress.done
+            params: dict[str, Any] = {"progressToken": token, "progress": progress.done}
+            if progress.total is not None:
+                params["total"] = progress.total
+            if progress.waiting is not None:
+                params["message"] = WAITING_MESSAGES[progress.waiting]
+            self.send(notification("notifications/progress", params))
+
+        return said
 
     def _envelope(self, name: str, answer: Any) -> Mapping[str, Any]:
         """The daemon's envelope for ``name``, or the error for one it could not be."""
@@ -492,8 +524,10 @@ class Bridge:
 
 
 PASSED_ON_CODES: Final = frozenset({"OVERLOADED", "INTERNAL"})
-TARGET_NAME: Final = re.compile(TARGET_NAME_PATTERN)
 """Codes of a daemon's own refusal that the bridge passes on under the tool's name."""
+TARGET_NAME: Final = re.compile(TARGET_NAME_PATTERN)
+WAITING_MESSAGES: Final = {"approval": "waiting for approval"}
+"""A progress notification's message for each wait a daemon progress line names."""
 
 
 def _call_params(m: Message) -> tuple[str, Mapping[str, Any]]:

@@ -214,3 +214,19 @@ def result(request_id: str | int, value: Mapping[str, Any]) -> dict[str, Any]:
 
 def notification(method: str, params: Mapping[str, Any]) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "method": method, "params": params}
+
+
+def progress_token(message: Message) -> str | int | None:
+    """The request's ``_meta.progressToken`` (2025-11-25 basic/utilities/progress.mdx),
+    or None when it asks for no progress; a token that is no string or integer is -32602."""
+    meta = message.params.get("_meta")
+    if not isinstance(meta, dict) or "progressToken" not in meta:
+        return None
+    token = meta["progressToken"]
+    if isinstance(token, str) or (isinstance(token, int) and not isinstance(token, bool)):
+        return token
+    raise ProtocolError(
+        INVALID_PARAMS,
+        "Invalid params: _meta.progressToken must be a string or an integer",
+        id=message.id,
+    )
