@@ -38,7 +38,13 @@ INVALID_PARAMS: Final = -32602
 INTERNAL_ERROR: Final = -32603
 UNSUPPORTED_PROTOCOL_VERSION: Final = -32022  # 2026-07-28, reserved MCP range
 
-LEGACY_METHODS: Final = frozenset({"initialize", "ping", "tools/list", "tools/call"})
+TASKS_METHODS: Final = frozenset({"tasks/get", "tasks/result", "tasks/list", "tasks/cancel"})
+"""2025-11-25 basic/utilities/tasks.mdx: served in that revision only (2026-07-28 removed
+tasks from the core protocol)."""
+TASKS_VERSION: Final = "2025-11-25"
+LEGACY_METHODS: Final = (
+    frozenset({"initialize", "ping", "tools/list", "tools/call"}) | TASKS_METHODS
+)
 MODERN_METHODS: Final = frozenset(
     {"server/discover", "tools/list", "tools/call", "subscriptions/listen"}
 )
@@ -89,6 +95,11 @@ class Era:
 
     version: str
     modern: bool
+
+    @property
+    def tasks(self) -> bool:
+        """Task-augmented ``tools/call`` and the ``tasks/*`` methods exist in this revision."""
+        return self.version == TASKS_VERSION
 
     @property
     def structured(self) -> bool:
