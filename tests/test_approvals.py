@@ -557,13 +557,13 @@ async def task_ask(bridge: RawBridge, method: str, task_id: str) -> dict[str, An
     return await asyncio.to_thread(bridge.ask, method, {"taskId": task_id})
 
 
-def test_a_call_run_as_an_mcp_task_is_polled_and_its_result_kept_after_approval(
+def test_a_fan_out_run_as_an_mcp_task_is_polled_and_its_result_kept_after_approval(
     tmp_path: Path, socket_dir: Path
 ) -> None:
     """tools/call with `task` answers at once; tasks/get says it waits; tasks/result, the call.
 
-    The task's TTL is raised to the longest a call can take; tasks/list has it; the
-    result is read twice.
+    The task's TTL is raised to the longest a call can take; its progressToken hears the
+    wait and the hosts; tasks/list has it; the result is read twice.
     """
 
     async def body(running: Running) -> None:
@@ -573,7 +573,12 @@ def test_a_call_run_as_an_mcp_task_is_polled_and_its_result_kept_after_approval(
             tools = (await asyncio.to_thread(bridge.ask, "tools/list"))["result"]["tools"]
             listed = types.Tool.model_validate(next(t for t in tools if t["name"] == TOOL))
             assert listed.execution is not None and listed.execution.task_support == "optional"
-            created = await asyncio.to_thread(bridge.ask, "tools/call", TASK_CALL)
+            fan_out = {
+                **TASK_CALL,
+                "arguments": {**ARGS, "run_on": "both"},
+                "_meta": {"progressToken": "t1"},
+            }
+            created = await asyncio.to_thread(bridge.ask, "tools/call", fan_out)
             task = types.CreateTaskResult.model_validate(created["result"]).task
             assert (task.status, task.ttl, task.poll_interval) == ("working", 1_800_000, 1_000)
             [entry] = await pending(running)  # the call runs on after its answer
@@ -594,6 +599,15 @@ def test_a_call_run_as_an_mcp_task_is_polled_and_its_result_kept_after_approval(
             assert result.meta == {"io.modelcontextprotocol/related-task": {"taskId": task.task_id}}
             answer = json.loads(result.content[0].text)  # type: ignore[union-attr]
             assert answer["outcome"] == "success" and answer["request_id"] == entry["request_id"]
+            assert answer["data"]["succeeded"] == 2
+            heard = [
+                types.ProgressNotificationParams.model_validate(m["params"])
+                for m in bridge.messages()
+                if m.get("method") == "notifications/progress"
+            ]
+            assert {p.progress_token for p in heard} == {"t1"}
+            assert (heard[0].progress, heard[0].message) == (0, "waiting for approval")
+            assert (heard[-1].progress, heard[-1].total) == (2, 2)
             done = await task_ask(bridge, "tasks/get", task.task_id)
             assert types.GetTaskResult.model_validate(done["result"]).status == "completed"
             again = await task_ask(bridge, "tasks/result", task.task_id)
@@ -603,7 +617,7 @@ def test_a_call_run_as_an_mcp_task_is_polled_and_its_result_kept_after_approval(
             assert [t.task_id for t in tasks] == [task.task_id]
         assert verify([running.audit_path]).ok
 
-    run(tmp_path, socket_dir, body)
+    run(tmp_path, socket_dir, body, fleet=True)
 
 
 def test_cancelling_an_mcp_task_cancels_its_pending_approval(
