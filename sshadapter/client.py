@@ -18,6 +18,10 @@ DEFAULT_SOCKET: Final = Path("/run/sshadapter/sshadapter.sock")
 MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024  # above any tool's max_bytes plus the envelope
 # Longer than the longest approval wait (600 s) plus the longest retry budget (600 s).
 CLIENT_TIMEOUT_SECONDS: Final = 1800.0
+PROGRESS_VERSION: Final = 1
+"""The value of a `call` request's ``progress`` key (docs/protocol.md "Progress"): the
+only shape of progress lines there is. Another value is a malformed call, so that a
+later shape is never mistaken for this one."""
 
 
 class ClientError(Exception):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -15,10 +16,12 @@ from pathlib import Path
 from typing import Any, Final
 
 import jsonschema
+import mcp_types as types
 import orjson
 import pytest
 from daemon_harness import ROOT, Running, shipped_commands, with_daemon
-from mcp_harness import raw_bridge
+from mcp import Client, StdioServerParameters
+from mcp_harness import RawBridge, bridge_argv, raw_bridge
 
 from sshadapter.config import ApprovalsSection, Config, GroupSection, HostSection, PathsSection
 from sshadapter.contract.commandfile import MAX_APPROVAL_TIMEOUT_SECONDS
@@ -498,6 +501,159 @@ def test_a_call_its_mcp_host_gave_up_on_is_cancelled_at_once(
             assert approval_records(running)[-1]["reason"] == "caller_gone"
             assert not [r for r in running.audit_records() if r["type"] == "intent"]
             assert verify([running.audit_path]).ok
+
+    run(tmp_path, socket_dir, body)
+
+
+@pytest.mark.parametrize("decision", ["approve", "deny"])
+def test_an_mcp_call_with_a_progress_token_is_told_it_waits_for_approval(
+    tmp_path: Path, socket_dir: Path, decision: str
+) -> None:
+    """The official SDK hears "waiting for approval", then the hosts' count once approved.
+
+    The approver decides with `sshadapter approvals approve` (or deny); the answer arrives.
+    """
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def progressed(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    async def body(running: Running) -> None:
+        argv = bridge_argv(running.path)
+        async with Client(StdioServerParameters(command=argv[0], args=argv[1:])) as client:
+            args = {**ARGS, "run_on": "both"}
+            call = asyncio.create_task(client.call_tool(TOOL, args, progress_callback=progressed))
+            [entry] = await pending(running)
+            for _ in range(500):
+                if seen:
+                    break
+                await asyncio.sleep(0.01)
+            assert seen == [(0, None, "waiting for approval")]
+            status, out, _ = await cli_as(
+                APPROVER, "approvals", decision, entry["request_id"], "--socket", str(running.path)
+            )
+            assert status == 0, out
+            result = await call
+        answer = json.loads(result.content[0].text)  # type: ignore[union-attr]
+        if decision == "approve":
+            assert answer["outcome"] == "success" and answer["data"]["succeeded"] == 2
+            assert seen[-1] == (2, 2, None)
+        else:
+            assert answer["error"]["code"] == "DENIED"
+            assert seen == [(0, None, "waiting for approval")]
+        assert verify([running.audit_path]).ok
+
+    run(tmp_path, socket_dir, body, fleet=True)
+
+
+# The SDK (mcp 2.3) has the 2025-11-25 task types but no task client: its session checks a
+# tools/call answer as a CallToolResult. So these lines go to the bridge as a host's
+# transport writes them (RawBridge), and each answer is checked with the SDK's own types.
+TASK_CALL: Final = {"name": TOOL, "arguments": ARGS, "task": {"ttl": 60_000}}
+
+
+async def task_ask(bridge: RawBridge, method: str, task_id: str) -> dict[str, Any]:
+    """One tasks/* request about ``task_id``, and its JSON-RPC answer."""
+    return await asyncio.to_thread(bridge.ask, method, {"taskId": task_id})
+
+
+def test_a_fan_out_run_as_an_mcp_task_is_polled_and_its_result_kept_after_approval(
+    tmp_path: Path, socket_dir: Path
+) -> None:
+    """tools/call with `task` answers at once; tasks/get says it waits; tasks/result, the call.
+
+    The task's TTL is raised to the longest a call can take; its progressToken hears the
+    wait and the hosts; tasks/list has it; the result is read twice.
+    """
+
+    async def body(running: Running) -> None:
+        with raw_bridge(running.path) as bridge:
+            init = await asyncio.to_thread(bridge.initialize)
+            assert "call" in init["result"]["capabilities"]["tasks"]["requests"]["tools"]
+            tools = (await asyncio.to_thread(bridge.ask, "tools/list"))["result"]["tools"]
+            listed = types.Tool.model_validate(next(t for t in tools if t["name"] == TOOL))
+            assert listed.execution is not None and listed.execution.task_support == "optional"
+            fan_out = {
+                **TASK_CALL,
+                "arguments": {**ARGS, "run_on": "both"},
+                "_meta": {"progressToken": "t1"},
+            }
+            created = await asyncio.to_thread(bridge.ask, "tools/call", fan_out)
+            task = types.CreateTaskResult.model_validate(created["result"]).task
+            assert (task.status, task.ttl, task.poll_interval) == ("working", 1_800_000, 1_000)
+            [entry] = await pending(running)  # the call runs on after its answer
+            for _ in range(500):
+                got = await task_ask(bridge, "tasks/get", task.task_id)
+                state = types.GetTaskResult.model_validate(got["result"])
+                if state.status_message is not None:
+                    break
+                await asyncio.sleep(0.01)
+            assert (state.status, state.status_message) == ("working", "waiting for approval")
+            waiting = bridge.request("tasks/result", {"taskId": task.task_id})
+            status, out, _ = await cli_as(
+                APPROVER, "approvals", "approve", entry["request_id"], "--socket", str(running.path)
+            )
+            assert status == 0, out
+            answered = await asyncio.to_thread(bridge.answer, waiting)  # blocked until the end
+            result = types.CallToolResult.model_validate(answered["result"])
+            assert result.meta == {"io.modelcontextprotocol/related-task": {"taskId": task.task_id}}
+            answer = json.loads(result.content[0].text)  # type: ignore[union-attr]
+            assert answer["outcome"] == "success" and answer["request_id"] == entry["request_id"]
+            assert answer["data"]["succeeded"] == 2
+            heard = [
+                types.ProgressNotificationParams.model_validate(m["params"])
+                for m in bridge.messages()
+                if m.get("method") == "notifications/progress"
+            ]
+            assert {p.progress_token for p in heard} == {"t1"}
+            assert (heard[0].progress, heard[0].message) == (0, "waiting for approval")
+            assert (heard[-1].progress, heard[-1].total) == (2, 2)
+            done = await task_ask(bridge, "tasks/get", task.task_id)
+            assert types.GetTaskResult.model_validate(done["result"]).status == "completed"
+            again = await task_ask(bridge, "tasks/result", task.task_id)
+            assert again["result"] == answered["result"]  # kept for its TTL, read again
+            listing = (await asyncio.to_thread(bridge.ask, "tasks/list"))["result"]
+            tasks = types.ListTasksResult.model_validate(listing).tasks
+            assert [t.task_id for t in tasks] == [task.task_id]
+        assert verify([running.audit_path]).ok
+
+    run(tmp_path, socket_dir, body, fleet=True)
+
+
+def test_cancelling_an_mcp_task_cancels_its_pending_approval(
+    tmp_path: Path, socket_dir: Path
+) -> None:
+    """tasks/cancel: the approval leaves the list, audited `cancelled`; unknown ids are -32602.
+
+    A cancelled task cannot be cancelled again, and its result is an error; the audit
+    trail verifies.
+    """
+
+    async def body(running: Running) -> None:
+        with raw_bridge(running.path) as bridge:
+            await asyncio.to_thread(bridge.initialize)
+            created = await asyncio.to_thread(bridge.ask, "tools/call", TASK_CALL)
+            task = types.CreateTaskResult.model_validate(created["result"]).task
+            [entry] = await pending(running)
+            cancelled = await task_ask(bridge, "tasks/cancel", task.task_id)
+            assert types.CancelTaskResult.model_validate(cancelled["result"]).status == "cancelled"
+            assert await pending(running, 0) == []
+            [end] = await ended(running)
+            assert (end["request_id"], end["reason"]) == (entry["request_id"], "approval_cancelled")
+            assert approval_records(running)[-1]["event"] == "cancelled"
+            assert approval_records(running)[-1]["reason"] == "caller_gone"
+            got = await task_ask(bridge, "tasks/get", task.task_id)
+            assert got["result"]["status"] == "cancelled"
+            twice = await task_ask(bridge, "tasks/cancel", task.task_id)
+            assert twice["error"]["code"] == -32602
+            assert (await task_ask(bridge, "tasks/result", task.task_id))["error"]["code"] == -32602
+            for foreign in ("no-such-task", task.task_id[:-1]):
+                unknown = await task_ask(bridge, "tasks/get", foreign)
+                assert unknown["error"]["code"] == -32602
+                assert unknown["error"]["message"] == "Invalid params: unknown taskId"
+        assert not [r for r in running.audit_records() if r["type"] == "intent"]
+        check_schema(running.audit_records())
+        assert verify([running.audit_path]).ok
 
     run(tmp_path, socket_dir, body)
 

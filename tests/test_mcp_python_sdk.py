@@ -8,6 +8,7 @@ bridge, the real daemon and the test sshd (one of each for the module).
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -25,6 +26,7 @@ from mcp_fleet import (
     LIAR,
     SLOW_HOST,
     WIDE_CHOICES,
+    WIDE_HOSTS,
     ask,
     running_fleet,
 )
@@ -340,3 +342,54 @@ def test_a_cancelled_fan_out_is_recorded_with_every_host(fleet: Daemon, mode: st
     record = fleet.wait_for_result("slow_state", request_id=intent["request_id"])
     rows = {row["host"]: row["outcome"] for row in record["host_results"]}
     assert rows == {SLOW_HOST: "success", LIAR: "failure", "web002": "success"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_fan_out_with_a_progress_token_reports_hosts_done_of_total(
+    fleet: Daemon, mode: str
+) -> None:
+    """Progress notifications count the hosts answered, rising to all of them, rate-limited."""
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def progressed(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    async def main() -> dict[str, Any]:
+        async with connected(fleet, mode) as client:
+            result = await client.call_tool(
+                "fleet_state", {"run_on": "web"}, progress_callback=progressed
+            )
+            return sealed(result)
+
+    answer = anyio.run(main)
+    assert answer["outcome"] == "success" and answer["data"]["hosts"] == WIDE_HOSTS
+    assert all(total == WIDE_HOSTS and message is None for _, total, message in seen)
+    done = [progress for progress, _, _ in seen]
+    assert done[-1] == WIDE_HOSTS  # the last one is always said
+    assert done == sorted(set(done)) and done[0] >= 1
+    assert len(seen) < WIDE_HOSTS  # at most one per PROGRESS_INTERVAL_SECONDS, not one a host
+
+
+def test_the_daemon_sends_progress_lines_only_to_a_call_that_asks_for_them(
+    fleet: Daemon,
+) -> None:
+    """`"progress": 1`: count lines, then the answer; absent: one line; any other value refused."""
+    call = {"op": "call", "tool": "canary_state", "args": {"run_on": "canary"}}
+
+    def lines(message: dict[str, Any]) -> list[Any]:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(str(fleet.socket))
+            sock.sendall(json.dumps(message).encode() + b"\n")
+            sock.shutdown(socket.SHUT_WR)  # the daemon answers, then sees the end
+            return [json.loads(line) for line in sock.makefile("rb")]
+
+    *progress, answer = lines({**call, "progress": 1})
+    assert answer["outcome"] == "success" and answer["data"]["hosts"] == len(CANARY)
+    assert progress[-1] == {"progress": {"done": len(CANARY), "total": len(CANARY)}}
+    assert all(line["progress"]["total"] == len(CANARY) for line in progress)
+    [plain] = lines(call)
+    assert plain["outcome"] == "success"
+    for value in (True, 2, 1.0, "1", None):
+        [refused] = lines({**call, "progress": value})
+        assert refused["tool"] == "sshadapter"
+        assert refused["error"] == {"code": "INVALID_REQUEST", "retryable": False}

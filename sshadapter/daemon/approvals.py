@@ -140,6 +140,7 @@ class Approvals:
             with watch() as gone:
                 # Written at once (no await before it): it precedes any decision's record.
                 await self.audit.append(self._record(pending, "requested"))
+                call.progress.waiting_for_approval()
                 done, _ = await asyncio.wait(
                     (pending.decided, gone), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )

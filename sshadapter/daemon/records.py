@@ -20,6 +20,7 @@ from sshadapter.contract.evaluate import Verdict
 from sshadapter.contract.registry import Operation
 from sshadapter.daemon.audit import now_text
 from sshadapter.daemon.authorize import Peer
+from sshadapter.daemon.progress import NO_PROGRESS, Progress
 from sshadapter.errors import ApprovalError, UpstreamError, failure_of
 from sshadapter.inventory import host_set_digest
 from sshadapter.runners.interface import RunResult
@@ -234,6 +235,8 @@ class CallRecord(_Attempts):
     """A fan-out's ``host_results`` rows, serialized as its hosts answer."""
     approval: Approval | None = None
     """Who approved its command, for an operation that requires approval."""
+    progress: Progress = NO_PROGRESS
+    """Its progress lines, for a caller that asked for them (docs/protocol.md "Progress")."""
 
     def _common(self, kind: str) -> dict[str, Any]:
         common = {

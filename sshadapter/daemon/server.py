@@ -57,6 +57,9 @@ _SIGNALS: Final = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
 WRITE_SLICE_BYTES: Final = 256 * 1024
 # After the drain deadline, how long a cut call has to deliver its INTERNAL answer.
 CUT_GRACE_SECONDS: Final = 1.0
+# A progress line is dropped while this much is still unread on its connection: a caller
+# that asked for progress and does not read it holds at most this, not one line per host.
+PROGRESS_BUFFER_BYTES: Final = 64 * 1024
 
 
 class State(enum.Enum):
@@ -355,6 +358,14 @@ class Daemon:
         sock = writer.get_extra_info("socket")
         peer = peer_of(sock)
         watch = functools.partial(hangup, sock)  # used only by a call waiting for approval
+
+        def report(line: bytes) -> None:  # a call's progress line, before its answer
+            transport = writer.transport
+            if not transport.is_closing() and (
+                transport.get_write_buffer_size() <= PROGRESS_BUFFER_BYTES
+            ):
+                writer.write(line)
+
         loop = asyncio.get_running_loop()
         while True:  # during the drain, until the bytes already read run out
             first = b""
@@ -380,7 +391,9 @@ class Daemon:
                 await self._deliver(writer)
                 return
             if self.state is State.SERVING:
-                response = await self.service.handle((first + rest).rstrip(b"\n"), peer, watch)
+                response = await self.service.handle(
+                    (first + rest).rstrip(b"\n"), peer, watch, report
+                )
             else:  # read while the drain began: nothing ran; another daemon will answer it
                 response = self.service.refuse("OVERLOADED")
             delivered = await self._answer(writer, response)

@@ -28,6 +28,7 @@ from typing import Any, Final
 
 import orjson
 
+from sshadapter.client import PROGRESS_VERSION
 from sshadapter.config import DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT, Allow, ApprovalsSection, Grant
 from sshadapter.contract import envelope
 from sshadapter.contract.codes import SYSTEM_TOOL, TARGET_ARGUMENT
@@ -41,6 +42,7 @@ from sshadapter.daemon.fanout_answer import FanoutAnswer
 from sshadapter.daemon.grants import Access
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.offload import Judge
+from sshadapter.daemon.progress import NO_PROGRESS, Progress, Report
 from sshadapter.daemon.quarantine import Quarantine
 from sshadapter.daemon.records import CallRecord, HostRun
 from sshadapter.errors import (
@@ -62,7 +64,7 @@ log = logging.getLogger(__name__)
 RETRY_BACKOFF_SECONDS: Final = 0.2  # before the 2nd attempt, doubling: a blip has time to pass
 REQUEST_MAX_DEPTH: Final = 8  # {"op", "tool", "args": {name: scalar}} needs 2; a little room
 _REQUEST_KEYS: Final = {
-    "call": {"op", "tool", "args"},
+    "call": {"op", "tool", "args", "progress"},
     "list": {"op"},
     "targets": {"op", "tool", "after"},
     # approvers only (approvals.APPROVER_OPS); anyone else: `unknown_op`
@@ -98,6 +100,8 @@ class Request:
     """`approve` and `deny`: the pending call's request id."""
     digest: str = ""
     """`approve`: the sha256 of the command the approver was shown."""
+    progress: bool = False
+    """`call`: the caller asked for progress lines before the answer."""
 
 
 class Admission:
@@ -149,7 +153,10 @@ def receive(line: bytes, max_bytes: int, approver: bool = False) -> Request:
     tool, args = value.get("tool"), value.get("args", {})
     if not isinstance(tool, str) or not isinstance(args, dict):
         raise RequestError("malformed_call")
-    return Request("call", tool, args)
+    progress = value.get("progress", PROGRESS_VERSION)
+    if type(progress) is not int or progress != PROGRESS_VERSION:  # not True, not 1.0
+        raise RequestError("malformed_call")
+    return Request("call", tool, args, progress="progress" in value)
 
 
 class Service:
@@ -246,9 +253,12 @@ class Service:
         """The drain: every call waiting for approval is denied (`approval_cancelled`)."""
         self.approvals.end("cancelled")
 
-    async def handle(self, line: bytes, peer: Peer, watch: Watch = unwatched) -> bytes:
+    async def handle(
+        self, line: bytes, peer: Peer, watch: Watch = unwatched, report: Report | None = None
+    ) -> bytes:
         """One request line in, one response line out (newline included); never raises.
-        ``watch`` sees the caller leave while its call waits for approval."""
+        ``watch`` sees the caller leave while its call waits for approval; ``report``
+        writes the progress lines of a call that asks for them."""
         request_id = envelope.new_request_id()
         started = time.monotonic()
         try:
@@ -284,7 +294,8 @@ class Service:
                 extra={"request_id": request_id},
             )
             return self._system_answer(request_id, "INTERNAL", started)
-        return await self._call(op, request.args, peer, request_id, watch)
+        progress = Progress(report) if request.progress and report else NO_PROGRESS
+        return await self._call(op, request.args, peer, request_id, watch, progress)
 
     @property
     def tool_names(self) -> list[str]:
@@ -347,10 +358,16 @@ class Service:
         return self._system_answer(request_id, code, time.monotonic())
 
     async def _call(
-        self, op: Operation, args: Mapping[str, Any], peer: Peer, request_id: str, watch: Watch
+        self,
+        op: Operation,
+        args: Mapping[str, Any],
+        peer: Peer,
+        request_id: str,
+        watch: Watch,
+        progress: Progress,
     ) -> bytes:
         """Stages 2-11 for a known tool: always a response line and a result record."""
-        call = CallRecord(op, peer, request_id)
+        call = CallRecord(op, peer, request_id, progress=progress)
         self.calls[request_id] = call
         try:
             try:
@@ -502,6 +519,7 @@ class Service:
         serialized. So no host's output outlives its judging."""
         answer.add(run.host, seal_line(call.op, call.request_id, verdict))
         run.answered(verdict)
+        call.progress.host_done(len(call.hosts))
 
     def _fanout_verdict(self, call: CallRecord, hosts: FanoutAnswer) -> Verdict:
         """The fan-out answer from the hosts' counts and the entries shown, checked as a

@@ -7,7 +7,11 @@ so the daemon still identifies the caller by ``SO_PEERCRED``, decides, audits
 and answers. The bridge translates: the daemon's ``list`` becomes
 ``tools/list``, ``tools/call`` becomes one ``call``, and the envelope comes
 back unchanged as the tool result (``tools``). Both protocol eras are
-served (``protocol``); the reference is docs/mcp.md.
+served (``protocol``); the reference is docs/mcp.md. A call that carries a
+``progressToken`` asks the daemon for its progress lines and gets each as a
+``notifications/progress`` (hosts done of total; "waiting for approval"). In
+2025-11-25 a call may run as a task (``tasks``): answered at once, polled,
+its result kept for the task's TTL.
 
 One daemon connection per request in flight (``daemon_link``): the daemon
 answers in order per connection, so concurrent calls need their own, and
@@ -31,7 +35,7 @@ from typing import Any, Final, Protocol
 import orjson
 
 from sshadapter.contract.codes import SYSTEM_TOOL
-from sshadapter.mcp.daemon_link import DaemonLink, DaemonUnreachable
+from sshadapter.mcp.daemon_link import DaemonLink, DaemonProgress, DaemonUnreachable, OnProgress
 from sshadapter.mcp.protocol import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -42,6 +46,7 @@ from sshadapter.mcp.protocol import (
     SERVER_INFO_KEY,
     SUBSCRIPTION_ID_KEY,
     SUPPORTED_VERSIONS,
+    TASKS_METHODS,
     Era,
     Message,
     ProtocolError,
@@ -50,9 +55,11 @@ from sshadapter.mcp.protocol import (
     negotiate,
     notification,
     parse_message,
+    progress_token,
     result,
 )
 from sshadapter.mcp.stdio import END, TOO_LONG, Item, StdinLines, claim_stdout, write_all
+from sshadapter.mcp.tasks import RELATED_TASK_KEY, TERMINAL, Task, Tasks, task_ttl
 from sshadapter.mcp.tools import (
     INSTRUCTIONS,
     LIST_TTL_MS,
@@ -85,6 +92,13 @@ LIST_POLL_SECONDS: Final = 30.0
 """Between calls, the digest is compared this often while a client can be told."""
 
 CAPABILITIES: Final = {"tools": {"listChanged": True}}
+TASKS_CAPABILITY: Final[dict[str, Any]] = {
+    "list": {},
+    "cancel": {},
+    "requests": {"tools": {"call": {}}},
+}
+"""2025-11-25 tasks.mdx "Server Capabilities": tasks/list, tasks/cancel, task-augmented
+tools/call."""
 
 
 class Lines(Protocol):
@@ -128,6 +142,8 @@ class Bridge:
         self._closing = False
         self._lines: Lines | None = None
         self.client_gone = False
+        self.tasks = Tasks()
+        """This session's tasks (2025-11-25): only it can name them."""
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -158,6 +174,7 @@ class Bridge:
         tasks = list(self.in_flight.values())
         if tasks and not self.client_gone:
             await asyncio.wait(tasks, timeout=EOF_DRAIN_SECONDS)
+        tasks += self.tasks.cancel_all()  # nobody can ask for their results any more
         self._closing = True  # no check is started or deferred from here on
         if self._deferred is not None:
             self._deferred.cancel()
@@ -222,6 +239,8 @@ class Bridge:
             self.send(result(m.id, _discover()))
         elif m.method == "subscriptions/listen":
             self._listen(m)
+        elif m.method in TASKS_METHODS:
+            self._task_request(m, era)
         elif m.method == "tools/list":
             cursor = m.params.get("cursor")
             if cursor is not None:  # never handed out: the whole list is one page
@@ -229,10 +248,13 @@ class Bridge:
             self._start(m, era, self._list(m.id, era))
         else:
             name, arguments = _call_params(m)
-            if name == TARGETS_TOOL:
+            if "task" in m.params and era.tasks:
+                self._create_task(m, era, name, arguments)
+            elif name == TARGETS_TOOL:
                 self._start(m, era, self._targets(m.id, era, arguments))
-            else:
-                self._start(m, era, self._call(m.id, era, name, arguments))
+            else:  # tasks.mdx: a revision without tasks ignores the field
+                token = progress_token(m)
+                self._start(m, era, self._call(m.id, era, name, arguments, token))
 
     def _initialize(self, m: Message) -> dict[str, Any]:
         requested = m.params.get("protocolVersion")
@@ -241,9 +263,10 @@ class Bridge:
                 INVALID_PARAMS, "Invalid params: protocolVersion must be a string", id=m.id
             )
         self.negotiated = negotiate(requested)
+        tasks = {"tasks": TASKS_CAPABILITY} if Era(self.negotiated, modern=False).tasks else {}
         return {
             "protocolVersion": self.negotiated,
-            "capabilities": CAPABILITIES,
+            "capabilities": {**CAPABILITIES, **tasks},
             "serverInfo": SERVER_INFO,
             "instructions": INSTRUCTIONS,
         }
@@ -302,10 +325,30 @@ class Bridge:
         self.send(result(request_id, list_result(tools, era)))
 
     async def _call(
-        self, request_id: str | int, era: Era, name: str, arguments: Mapping[str, Any]
+        self,
+        request_id: str | int,
+        era: Era,
+        name: str,
+        arguments: Mapping[str, Any],
+        token: str | int | None = None,
     ) -> None:
         try:
-            answer = await self.daemon.ask({"op": "call", "tool": name, "args": arguments})
+            answered = await self._called(era, name, arguments, self._progress(token))
+        except ProtocolError as exc:
+            exc.id = request_id
+            self.send(exc.response())
+        else:
+            self.send(result(request_id, answered))
+        self._check_soon()  # caching.mdx: an unknown tool may well mean the list changed
+
+    async def _called(
+        self, era: Era, name: str, arguments: Mapping[str, Any], progress: OnProgress | None
+    ) -> Mapping[str, Any]:
+        """The tools/call result for one call of ``name``, or ProtocolError (no id)."""
+        try:
+            answer = await self.daemon.ask(
+                {"op": "call", "tool": name, "args": arguments}, progress
+            )
             sealed = self._envelope(name, answer)
         except DaemonUnreachable as exc:
             sealed = bridge_envelope(name, "INTERNAL", exc.retryable)
@@ -318,13 +361,77 @@ class Bridge:
                 exc.reason,
                 str(exc.retryable).lower(),
             )
+        return call_result(sealed, era)
+
+    # --- tasks (2025-11-25) --------------------------------------------------------------
+
+    def _create_task(self, m: Message, era: Era, name: str, arguments: Mapping[str, Any]) -> None:
+        """A task-augmented tools/call: its task at once (tasks.mdx "Creating Tasks"), the
+        call in the background, its result kept for the task's TTL."""
+        assert m.id is not None
+        if name == TARGETS_TOOL:  # tasks.mdx: no taskSupport listed, so -32601
+            raise ProtocolError(METHOD_NOT_FOUND, f"{TARGETS_TOOL} runs as no task", id=m.id)
+        token = progress_token(m)
+        task = self.tasks.create(task_ttl(m.params, m.id), m.id)
+        task.runner = asyncio.create_task(self._run_task(task, era, name, arguments, token))
+        self.send(result(m.id, {"task": task.state()}))
+        log.info("task %s: %s started", task.task_id, name)
+
+    async def _run_task(
+        self,
+        task: Task,
+        era: Era,
+        name: str,
+        arguments: Mapping[str, Any],
+        token: str | int | None,
+    ) -> None:
+        try:
+            task.end(await self._called(era, name, arguments, self._progress(token, task)))
         except ProtocolError as exc:
-            exc.id = request_id
-            self.send(exc.response())
-            self._check_soon()  # caching.mdx: an unknown tool may well mean the list changed
-            return
-        self.send(result(request_id, call_result(sealed, era)))
+            task.end(exc)
+        except Exception as exc:  # a bug of the bridge's: the task fails, the session goes on
+            log.error("task %s: internal error: %s: %s", task.task_id, type(exc).__name__, exc)
+            task.end(ProtocolError(INTERNAL_ERROR, "Internal error"))
         self._check_soon()
+
+    def _task_request(self, m: Message, era: Era) -> None:
+        """tasks/get, tasks/list, tasks/cancel at once; tasks/result once the task ends."""
+        assert m.id is not None
+        if not era.tasks:
+            raise ProtocolError(
+                METHOD_NOT_FOUND, f"Method not found in {era.version}: {m.method}", id=m.id
+            )
+        if m.method == "tasks/list":
+            if m.params.get("cursor") is not None:  # never handed out: one page holds them all
+                raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor", id=m.id)
+            self.send(result(m.id, {"tasks": self.tasks.listing()}))
+            return
+        task = self.tasks.get(m.params, m.id)
+        if m.method == "tasks/get":
+            self.send(result(m.id, task.state()))
+        elif m.method == "tasks/cancel":
+            if task.status in TERMINAL:  # tasks.mdx "Task Cancellation" 1
+                raise ProtocolError(
+                    INVALID_PARAMS, f"Invalid params: task already {task.status}", id=m.id
+                )
+            task.cancel()
+            log.info("task %s cancelled by the client", task.task_id)
+            self.send(result(m.id, task.state()))
+        else:
+            self._start(m, era, self._task_result(m.id, task))
+
+    async def _task_result(self, request_id: str | int, task: Task) -> None:
+        """tasks.mdx "Result Retrieval": blocks until the task ends, then exactly what the
+        call would have answered, with the related-task key in its ``_meta``."""
+        await task.ended.wait()
+        outcome = task.outcome
+        if isinstance(outcome, ProtocolError):
+            error = ProtocolError(outcome.code, outcome.message, id=request_id, data=outcome.data)
+            self.send(error.response())
+            return
+        assert outcome is not None  # by ended
+        meta = {**outcome.get("_meta", {}), RELATED_TASK_KEY: {"taskId": task.task_id}}
+        self.send(result(request_id, {**outcome, "_meta": meta}))
 
     async def _targets(self, request_id: str | int, era: Era, arguments: Mapping[str, Any]) -> None:
         """TARGETS_TOOL: one page of the daemon's `targets` answer, or a failure envelope.
@@ -369,6 +476,32 @@ class Bridge:
                 str(exc.retryable).lower(),
             )
         self.send(result(request_id, call_result(sealed, era)))
+
+    def _progress(self, token: str | int | None, task: Task | None = None) -> OnProgress | None:
+        """The daemon's progress lines for one call, as ``notifications/progress`` for
+        ``token``: counts and a fixed message only, each progress above the last
+        (progress.mdx: "The progress value MUST increase with each notification"); a
+        task's statusMessage says the wait. None when nobody is told."""
+        if token is None and task is None:
+            return None
+        last = -1
+
+        def said(progress: DaemonProgress) -> None:
+            nonlocal last
+            message = None if progress.waiting is None else WAITING_MESSAGES[progress.waiting]
+            if task is not None:
+                task.says(message)
+            if token is None or progress.done <= last:
+                return
+            last = progress.done
+            params: dict[str, Any] = {"progressToken": token, "progress": progress.done}
+            if progress.total is not None:
+                params["total"] = progress.total
+            if message is not None:
+                params["message"] = message
+            self.send(notification("notifications/progress", params))
+
+        return said
 
     def _envelope(self, name: str, answer: Any) -> Mapping[str, Any]:
         """The daemon's envelope for ``name``, or the error for one it could not be."""
@@ -492,8 +625,10 @@ class Bridge:
 
 
 PASSED_ON_CODES: Final = frozenset({"OVERLOADED", "INTERNAL"})
-TARGET_NAME: Final = re.compile(TARGET_NAME_PATTERN)
 """Codes of a daemon's own refusal that the bridge passes on under the tool's name."""
+TARGET_NAME: Final = re.compile(TARGET_NAME_PATTERN)
+WAITING_MESSAGES: Final = {"approval": "waiting for approval"}
+"""A progress notification's message for each wait a daemon progress line names."""
 
 
 def _call_params(m: Message) -> tuple[str, Mapping[str, Any]]:

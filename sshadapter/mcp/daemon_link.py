@@ -3,7 +3,9 @@
 The daemon answers in order on a connection (README "Calling it"), so each
 request in flight has a connection of its own; one that gave a whole answer may
 serve the next request. Every way of getting no usable answer is one reason
-from UNREACHABLE, with whether a retry is safe.
+from UNREACHABLE, with whether a retry is safe. A call may ask for the daemon's
+progress lines before its answer (docs/protocol.md "Progress"): each is checked
+whole (``progress_of``) and handed on as a ``DaemonProgress``.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import asyncio
 import errno
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import orjson
 
-from sshadapter.client import CLIENT_TIMEOUT_SECONDS, MAX_RESPONSE_BYTES
+from sshadapter.client import CLIENT_TIMEOUT_SECONDS, MAX_RESPONSE_BYTES, PROGRESS_VERSION
 from sshadapter.strict_json import MAX_DEPTH_LIMIT, StrictJSONError, strict_loads
 
 DAEMON_TIMEOUT_SECONDS: Final = CLIENT_TIMEOUT_SECONDS
@@ -49,6 +52,40 @@ _CONNECT_ERRNO: Final = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class DaemonProgress:
+    """One progress line of the daemon's: hosts ``done`` of ``total``, or a wait."""
+
+    done: int = 0
+    total: int | None = None
+    """Hosts of the fan-out; None for a wait."""
+    waiting: str | None = None
+    """What the call waits for: ``approval``."""
+
+
+OnProgress = Callable[[DaemonProgress], None]
+_WAITS: Final = frozenset({"approval"})
+"""What a progress line may say a call waits for (docs/protocol.md "Progress")."""
+
+
+def progress_of(value: Any) -> DaemonProgress | None:
+    """The progress a parsed daemon line carries; None for any other line (the answer).
+
+    A line whose only key is ``progress`` must be one of the two shapes exactly, or it is
+    ``response_invalid``: nothing else of it is ever passed on.
+    """
+    if not (isinstance(value, dict) and value.keys() == {"progress"}):
+        return None
+    body = value["progress"]
+    if isinstance(body, dict) and body.keys() == {"waiting"} and body["waiting"] in _WAITS:
+        return DaemonProgress(waiting=body["waiting"])
+    if isinstance(body, dict) and body.keys() == {"done", "total"}:
+        done, total = body["done"], body["total"]
+        if type(done) is int and type(total) is int and 0 < done <= total:
+            return DaemonProgress(done, total)
+    raise DaemonUnreachable("response_invalid")
+
+
 class DaemonUnreachable(Exception):
     """No answer from the daemon; ``reason`` is a key of UNREACHABLE."""
 
@@ -77,13 +114,18 @@ class DaemonLink:
         self._clock = clock
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
 
-    async def ask(self, request: Mapping[str, Any]) -> Any:
-        """One request and its parsed answer, or DaemonUnreachable; cancel closes the connection."""
+    async def ask(self, request: Mapping[str, Any], progress: OnProgress | None = None) -> Any:
+        """One request and its parsed answer, or DaemonUnreachable; cancel closes the connection.
+
+        With ``progress``, the daemon's progress lines for the call go to it as they come.
+        """
+        if progress is not None:
+            request = {**request, "progress": PROGRESS_VERSION}
         data = orjson.dumps(request) + b"\n"
         idle = self._take_idle()
         if idle is not None:
             try:
-                return await self._exchange(*idle, data)
+                return await self._exchange(*idle, data, progress)
             except _NotSent:
                 pass  # the daemon closed it first (restart, idle timeout): a fresh one is safe
         try:
@@ -93,12 +135,16 @@ class DaemonLink:
         except OSError as exc:
             raise DaemonUnreachable(_CONNECT_ERRNO.get(exc.errno or 0, "connect_failed")) from exc
         try:
-            return await self._exchange(reader, writer, data)
+            return await self._exchange(reader, writer, data, progress)
         except _NotSent as exc:
             raise DaemonUnreachable("connection_dropped") from exc
 
     async def _exchange(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        data: bytes,
+        progress: OnProgress | None,
     ) -> Any:
         answered = False
         try:
@@ -107,8 +153,14 @@ class DaemonLink:
                 await writer.drain()
             except OSError as exc:  # a Unix socket refuses the write of a closed peer at once
                 raise _NotSent from exc
-            async with asyncio.timeout(DAEMON_TIMEOUT_SECONDS):
-                line = await reader.readuntil(b"\n")
+            async with asyncio.timeout(DAEMON_TIMEOUT_SECONDS):  # the whole call, its progress too
+                while True:
+                    answer = _parsed(await reader.readuntil(b"\n"))
+                    said = progress_of(answer) if progress is not None else None
+                    if said is None:
+                        break
+                    assert progress is not None  # by said
+                    progress(said)
             answered = True
         except TimeoutError as exc:
             raise DaemonUnreachable("timeout") from exc
@@ -121,10 +173,7 @@ class DaemonLink:
                 self._idle.append((reader, writer, self._clock()))
             else:
                 writer.close()
-        try:
-            return strict_loads(line, max_bytes=MAX_RESPONSE_BYTES, max_depth=MAX_DEPTH_LIMIT)
-        except StrictJSONError as exc:
-            raise DaemonUnreachable("response_invalid") from exc
+        return answer
 
     def _take_idle(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         now = self._clock()
@@ -138,3 +187,10 @@ class DaemonLink:
     def close(self) -> None:
         while self._idle:
             self._idle.pop()[1].close()
+
+
+def _parsed(line: bytes) -> Any:
+    try:
+        return strict_loads(line, max_bytes=MAX_RESPONSE_BYTES, max_depth=MAX_DEPTH_LIMIT)
+    except StrictJSONError as exc:
+        raise DaemonUnreachable("response_invalid") from exc

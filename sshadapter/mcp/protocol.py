@@ -38,7 +38,13 @@ INVALID_PARAMS: Final = -32602
 INTERNAL_ERROR: Final = -32603
 UNSUPPORTED_PROTOCOL_VERSION: Final = -32022  # 2026-07-28, reserved MCP range
 
-LEGACY_METHODS: Final = frozenset({"initialize", "ping", "tools/list", "tools/call"})
+TASKS_METHODS: Final = frozenset({"tasks/get", "tasks/result", "tasks/list", "tasks/cancel"})
+"""2025-11-25 basic/utilities/tasks.mdx: served in that revision only (2026-07-28 removed
+tasks from the core protocol)."""
+TASKS_VERSION: Final = "2025-11-25"
+LEGACY_METHODS: Final = (
+    frozenset({"initialize", "ping", "tools/list", "tools/call"}) | TASKS_METHODS
+)
 MODERN_METHODS: Final = frozenset(
     {"server/discover", "tools/list", "tools/call", "subscriptions/listen"}
 )
@@ -89,6 +95,11 @@ class Era:
 
     version: str
     modern: bool
+
+    @property
+    def tasks(self) -> bool:
+        """Task-augmented ``tools/call`` and the ``tasks/*`` methods exist in this revision."""
+        return self.version == TASKS_VERSION
 
     @property
     def structured(self) -> bool:
@@ -214,3 +225,19 @@ def result(request_id: str | int, value: Mapping[str, Any]) -> dict[str, Any]:
 
 def notification(method: str, params: Mapping[str, Any]) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "method": method, "params": params}
+
+
+def progress_token(message: Message) -> str | int | None:
+    """The request's ``_meta.progressToken`` (2025-11-25 basic/utilities/progress.mdx),
+    or None when it asks for no progress; a token that is no string or integer is -32602."""
+    meta = message.params.get("_meta")
+    if not isinstance(meta, dict) or "progressToken" not in meta:
+        return None
+    token = meta["progressToken"]
+    if isinstance(token, str) or (isinstance(token, int) and not isinstance(token, bool)):
+        return token
+    raise ProtocolError(
+        INVALID_PARAMS,
+        "Invalid params: _meta.progressToken must be a string or an integer",
+        id=message.id,
+    )

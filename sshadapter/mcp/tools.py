@@ -157,6 +157,8 @@ def mcp_tool(entry: Mapping[str, Any], era: Era) -> dict[str, Any]:
         "idempotentHint": entry.get("idempotent") is True,
         "openWorldHint": False,
     }
+    if era.tasks:  # any daemon tool may outlast a host's request timeout (docs/mcp.md "Tasks")
+        tool["execution"] = {"taskSupport": "optional"}
     return tool
 
 
