@@ -8,8 +8,9 @@ waits 43x its idle time. A rate bounds the CPU whatever the round trip: hosts in
 grow with the round trip by themselves (rate x time per host). The counts stay, as
 ceilings (``[server] max_fanout_hosts_in_flight``, ``[pool] connect_concurrency``).
 
-The rate adapts, so no operator tunes it for their network: every start waits its turn
-(one at a time, FIFO), and how late its wake-up comes is the loop's lag at that moment.
+The rate adapts, so no operator tunes it for their network: starts wait in line (FIFO) for
+a timer that lets go every start whose slot has come, and how late that timer fires is the
+loop's lag at that moment (one start per loop turn would cap a busy loop at ~200/s).
 Over each ``ADJUST_INTERVAL_SECONDS``, the worst lag seen above ``LAG_TARGET_SECONDS``
 divides the rate by ``DECREASE``; a window under it adds the pacer's step (AIMD, as TCP
 does with its window): a loop busy with fan-out work starts fewer hosts, so a single call
@@ -19,8 +20,9 @@ does with its window): a loop busy with fan-out work starts fewer hosts, so a si
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -43,42 +45,53 @@ class Rates:
     step: float  # added per window under the lag target
 
 
-# Fan-out hosts: 1,000/s is ~0.4 s of CPU a second at 0.4 ms per warm host, and matched raw
-# asyncssh at every RTT measured (tests/bench/README.md "bench_fleet.py"); the floor keeps
-# a fan-out going on a loop busy with other work (200 hosts/s: 512 hosts in 2.6 s); the
-# ceiling is what the loop has ever sustained (~2,500 warm hosts/s of daemon CPU alone).
-HOST_STARTS: Final = Rates(initial=1000.0, floor=200.0, ceiling=2500.0, step=50.0)
+# Fan-out hosts: 1,000/s is ~0.4-0.8 s of CPU a second at 0.4-0.8 ms per warm host. The
+# floor is about what two cores sustain with the hosts' own sshd (~2.6 ms a warm host, so
+# ~600 hosts/s): below it the pacer, not the machine, made a 512-host fan-out at 20 ms RTT
+# 2.1x raw asyncssh (floor 200); at 400 it was 1.05-1.28x at 0, 20 and 100 ms. The ceiling
+# is what the loop alone has sustained (~2,500 warm hosts/s of daemon CPU) (rows:
+# tests/bench/README.md "Issue 28").
+HOST_STARTS: Final = Rates(initial=1000.0, floor=400.0, ceiling=2500.0, step=50.0)
 # SSH handshakes: 250/s is ~0.6 s of CPU a second at 2.4 ms per connect (key exchange and
-# the host's certificate check); floor and ceiling in the same proportion as the hosts'.
-HANDSHAKE_STARTS: Final = Rates(initial=250.0, floor=50.0, ceiling=625.0, step=12.5)
+# the host's certificate check); the floor is above what this machine's sshd completes
+# (~70 cold hosts/s through raw asyncssh), so the pacer never makes a cold fan-out wait
+# longer than the hosts do; the ceiling in the hosts' proportion.
+HANDSHAKE_STARTS: Final = Rates(initial=250.0, floor=100.0, ceiling=625.0, step=12.5)
 
 Clock = Callable[[], float]
-Sleep = Callable[[float], Awaitable[None]]
 
 
 class Pacer:
-    """Starts at most ``rate`` a second, one at a time; the rate follows the loop's lag."""
+    """Starts at most ``rate`` a second, in order; the rate follows the loop's lag."""
 
-    def __init__(
-        self, rates: Rates, *, clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep
-    ) -> None:
+    def __init__(self, rates: Rates, *, clock: Clock = time.monotonic) -> None:
         self.rates = rates
         self.rate = rates.initial
         """Starts per second now."""
-        self._clock = clock
-        self._sleep = sleep
-        self._next = 0.0  # the earliest the next start may go (clock seconds)
+        self._clock = clock  # the loop's clock in production (both are time.monotonic)
+        self._next = 0.0  # when the next start may go (clock seconds)
         self._window_start = clock()
         self._window_lag = 0.0  # the worst lag seen in the current window
-        self._turn = asyncio.Lock()  # FIFO: each start takes its slot at the head
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0  # when the armed timer should fire
 
-    def reserve(self) -> float:
-        """Take the next start's slot: how long to wait for it (0: now). No credit builds
-        up while idle: a start after a pause goes now, the one after it 1/rate later."""
-        now = self._clock()
-        slot = max(now, self._next)
-        self._next = slot + 1 / self.rate
-        return slot - now
+    def take(self, now: float, wanted: int) -> int:
+        """How many of ``wanted`` waiting starts may go at ``now``: each takes the next slot,
+        1/rate after the one before, so a timer that fired late lets every start whose slot
+        has passed go at once (the rate holds on average through the loop's lag)."""
+        taken = 0
+        while taken < wanted and self._next <= now:
+            taken += 1
+            self._next += 1 / self.rate
+        return taken
+
+    def go_now(self, now: float) -> bool:
+        """A start with nobody waiting: it goes if its slot has come. No credit builds up
+        while idle: the schedule restarts at ``now``, so after a pause one start goes at
+        once and the next 1/rate later."""
+        self._next = max(self._next, now)
+        return self.take(now, 1) == 1
 
     def observe(self, lag: float) -> None:
         """One measure of the loop's lag (seconds late); the rate moves once per window."""
@@ -93,9 +106,30 @@ class Pacer:
         self._window_start, self._window_lag = now, 0.0
 
     async def start(self) -> None:
-        """Wait for this start's turn; the wake-up's lateness is a lag measure."""
-        async with self._turn:
-            delay = self.reserve()
-            due = self._clock() + delay
-            await self._sleep(delay)  # even 0: one loop turn, and its length is the lag
-            self.observe(self._clock() - due)
+        """Go now if nobody waits and the slot has come; else wait in line for a slot. The
+        timer that lets waiters go measures the loop's lag by how late it fires."""
+        if not self._waiting and self.go_now(self._clock()):
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        if self._timer is None:
+            self._arm()
+        await waiter
+
+    def _arm(self) -> None:
+        self._due = self._next
+        delay = max(0.0, self._due - self._clock())
+        self._timer = asyncio.get_running_loop().call_later(delay, self._release)
+
+    def _release(self) -> None:
+        self._timer = None
+        now = self._clock()
+        self.observe(now - self._due)
+        allowed = self.take(now, len(self._waiting))
+        while allowed and self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():  # a cancelled waiter gives its slot to the next
+                waiter.set_result(None)
+                allowed -= 1
+        if self._waiting:
+            self._arm()

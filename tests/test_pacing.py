@@ -7,8 +7,7 @@ The pacer as the daemon uses it, over a real fleet, is in tests/test_ssh_fleet.p
 from __future__ import annotations
 
 import asyncio
-
-import pytest
+import time
 
 from sshadapter.pacing import ADJUST_INTERVAL_SECONDS, DECREASE, LAG_TARGET_SECONDS, Pacer, Rates
 
@@ -17,28 +16,34 @@ WINDOW = ADJUST_INTERVAL_SECONDS * 1.5  # past one window, whatever the float ro
 
 
 class Clock:
-    """A clock that moves only when told (or when the fake sleep sleeps, plus a lag)."""
+    """A clock that moves only when told."""
 
     def __init__(self) -> None:
         self.now = 1000.0
-        self.lag = 0.0  # every sleep wakes this late
-        self.slept: list[float] = []
 
     def __call__(self) -> float:
         return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds + self.lag
 
 
 def test_starts_are_spaced_at_the_rate_with_no_credit_from_idle() -> None:
     """Starts go 1/rate apart, the first at once, and an idle pause earns no burst."""
     clock = Clock()
     pacer = Pacer(RATES, clock=clock)
-    assert [pacer.reserve() for _ in range(3)] == pytest.approx([0.0, 0.01, 0.02])
-    clock.now += 5.0
-    assert [pacer.reserve() for _ in range(2)] == pytest.approx([0.0, 0.01])
+    assert [pacer.go_now(clock.now) for _ in range(2)] == [True, False]  # next: 10 ms on
+    clock.now += 0.015
+    assert pacer.take(clock.now, 5) == 1
+    clock.now += 5.0  # idle: one now, the next 1/rate later
+    assert [pacer.go_now(clock.now) for _ in range(2)] == [True, False]
+
+
+def test_a_late_timer_lets_every_start_whose_slot_passed_go_at_once() -> None:
+    """A release 35 ms late at 100/s lets the 4 starts whose slots passed go together."""
+    clock = Clock()
+    pacer = Pacer(RATES, clock=clock)
+    assert pacer.go_now(clock.now)
+    clock.now += 0.045  # the slot at +10 ms, released at +45: +10, +20, +30, +40 have come
+    assert pacer.take(clock.now, 10) == 4
+    assert pacer.take(clock.now, 10) == 0
 
 
 def test_a_lagging_window_divides_the_rate_down_to_its_floor() -> None:
@@ -75,18 +80,23 @@ def test_many_lags_in_one_window_move_the_rate_once_by_the_worst() -> None:
     assert pacer.rate == 100 / DECREASE
 
 
-def test_start_waits_its_slot_and_its_late_wake_up_slows_the_rate() -> None:
-    """start() sleeps until its slot (even 0: one loop turn), and a late wake-up slows the rate."""
-    clock = Clock()
-    pacer = Pacer(RATES, clock=clock, sleep=clock.sleep)
-    clock.lag = WINDOW  # each wake-up lags past the target and ends a window
+def test_waiters_go_in_order_and_a_late_release_slows_the_rate() -> None:
+    """Waiters go in order, each after its slot; a release past the lag target slows them."""
+    order: list[int] = []
 
-    async def starts() -> None:
-        for _ in range(3):
+    async def starts() -> float:
+        pacer = Pacer(Rates(initial=200.0, floor=25.0, ceiling=200.0, step=10.0))
+
+        async def one(i: int) -> None:
             await pacer.start()
+            order.append(i)
 
-    asyncio.run(starts())
-    assert clock.slept[0] == 0.0  # the first goes at once, then each window halves the rate
-    assert pacer.rate == RATES.floor  # 100, 50, 25: halved per window to the floor
-    clock.now += 1.0  # idle: the next start goes now, the one after at the new spacing
-    assert [pacer.reserve() for _ in range(2)] == pytest.approx([0.0, 1 / pacer.rate])
+        tasks = [asyncio.ensure_future(one(i)) for i in range(4)]
+        await asyncio.sleep(0)
+        time.sleep(ADJUST_INTERVAL_SECONDS + LAG_TARGET_SECONDS * 2)  # the loop lags
+        await asyncio.gather(*tasks)
+        return pacer.rate
+
+    rate = asyncio.run(starts())
+    assert order == [0, 1, 2, 3]
+    assert rate == 200.0 / DECREASE

@@ -489,6 +489,11 @@ class Service:
         envelope lives only here, not in the worker that goes on to the next host."""
         try:
             self._refuse_drifted(call.op, run.host)
+            if len(call.hosts) > 1:
+                # Connected first, at the rate handshakes start (the pool's pacer): a host
+                # waiting its handshake's turn is not yet running, so its operation's
+                # timeout starts after it; a connect that fails is the host's answer.
+                await self.runner.warm(run.host)
             verdict = await self._attempts(call, args, run.host, run)
         except (DispatchRefusal, UpstreamError) as exc:
             verdict = Verdict(failure=failure_of(exc))

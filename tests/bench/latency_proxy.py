@@ -134,9 +134,14 @@ class LatencyProxy:
         spec = work / f"proxy-{rtt_ms:g}.json"
         spec.write_text(json.dumps({"rtt_ms": rtt_ms, "pairs": list(pairs)}))
         self.rtt_ms = rtt_ms
-        self.process = subprocess.Popen(
-            [sys.executable, __file__, str(spec)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
-        )
+        self.log = work / f"proxy-{rtt_ms:g}.log"  # connections cut at stop say so there
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, __file__, str(spec)],
+                stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                stderr=log,
+            )
         assert self.process.stdout is not None
         line = self.process.stdout.readline()  # the ready line, after the ping-pong
         if not line:
