@@ -1,7 +1,8 @@
 """Issue 19's speed table: one command on N loopback hosts, sshadapter beside its baselines.
 
 Run: ``python tests/bench/bench_fleet.py`` (N = 32, 128, 512; about 5 min),
-``--quick`` (N = 32 only, under a minute), ``--sizes 32,128``, ``--no-ansible``.
+``--quick`` (N = 32 only, under a minute), ``--sizes 32,128``, ``--no-ansible``,
+``--rtts 0,20,100`` (the default: round trips through latency_proxy.py, issue 28).
 A benchmark, not a test: it always exits 0 and prints the figures and PASS/MISS.
 
 For each N, a fleet of N real OpenSSH hosts (``tests/fleet_sshd.py``: ceil(N/16)
