@@ -70,8 +70,9 @@ DEFAULT_EVALUATION_WORKERS: Final = 1
 # at which hosts start, steered by the event loop's lag (sshadapter/pacing.py): hosts in
 # flight then grow with the round trip (at 100 ms, ~1,000 hosts/s x ~0.3 s each). The old
 # count of 16 made a 512-host fan-out at 100 ms RTT 3.5x raw asyncssh (tests/bench/README.md
-# "bench_fleet.py"); 1,024 covers a 1,000-host fan-out at once, each host ~1 KB waiting.
-DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT: Final = 1024
+# "bench_fleet.py"). 512, as [pool] max_connections_total: past it a host would wait for a
+# connection inside its operation's timeout (at 1,024, a 1,000-host fan-out lost most hosts).
+DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT: Final = 512
 DEFAULT_DRAIN_TIMEOUT_SECONDS: Final = 30.0  # SIGTERM waits this long for in-flight calls
 DEFAULT_QUARANTINE_MAX_BYTES: Final = 256 * 1024 * 1024  # rejected outputs kept, oldest removed
 DEFAULT_CONNECT_TIMEOUT_SECONDS: Final = 10.0  # TCP + SSH handshake to one host

@@ -493,7 +493,7 @@ class Service:
                 # Connected first, at the rate handshakes start (the pool's pacer): a host
                 # waiting its handshake's turn is not yet running, so its operation's
                 # timeout starts after it; a connect that fails is the host's answer.
-                await self.runner.warm(run.host)
+                await self.runner.warm(run.host, evict=True)
             verdict = await self._attempts(call, args, run.host, run)
         except (DispatchRefusal, UpstreamError) as exc:
             verdict = Verdict(failure=failure_of(exc))

@@ -254,16 +254,18 @@ class Pool:
         conn.last_used = time.monotonic()
         self._settle(conn)
 
-    async def warm(self) -> None:
+    async def warm(self, *, evict: bool = False) -> None:
         """Open one connection ahead of the first call, unless one is open or the fleet is
-        full (warming closes no other host's connection); raises like acquire()."""
+        full (then ``evict`` closes the least recently used idle one, as a call does; a
+        start-up warm closes no other host's connection); raises like acquire()."""
         if self._closed:
             raise UpstreamError("pool_closed", retryable=False, ran=False)
         if self._conns:
             return
         if self._connecting is None:
-            if not self._fleet.reserve(evict=False):
-                log.warning("host %s not warmed: max_connections_total are open", self.alias)
+            if not self._fleet.reserve(evict=evict):
+                if not evict:  # a fan-out's host waits for room in its call, said there
+                    log.warning("host %s not warmed: max_connections_total are open", self.alias)
                 return
             self._connecting = asyncio.create_task(self._connect())
         task = self._connecting
