@@ -371,3 +371,16 @@ def test_the_ceilings_still_bound_a_paced_fan_out(tmp_path: Path) -> None:
     (answer,) = answers
     assert (answer["data"]["succeeded"], answer["data"]["failed"]) == (FLEET_HOSTS, 0)
     assert max(seen) <= 2
+
+
+def test_a_fan_out_past_the_connection_cap_answers_every_host_and_warns_of_none(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """40 hosts through 8 connections: each host waits for room before its timeout starts."""
+    with running_fleet(FLEET_HOSTS) as fleet:
+        answers, _ = fleet_fanout(
+            tmp_path, fleet, calls=2, pool=PoolSection(max_connections_total=8)
+        )
+    for answer in answers:
+        assert (answer["data"]["succeeded"], answer["data"]["failed"]) == (FLEET_HOSTS, 0)
+    assert "not warmed" not in caplog.text
