@@ -70,9 +70,11 @@ DEFAULT_EVALUATION_WORKERS: Final = 1
 # at which hosts start, steered by the event loop's lag (sshadapter/pacing.py): hosts in
 # flight then grow with the round trip (at 100 ms, ~1,000 hosts/s x ~0.3 s each). The old
 # count of 16 made a 512-host fan-out at 100 ms RTT 3.5x raw asyncssh (tests/bench/README.md
-# "bench_fleet.py"). 512, as [pool] max_connections_total: past it a host would wait for a
-# connection inside its operation's timeout (at 1,024, a 1,000-host fan-out lost most hosts).
-DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT: Final = 512
+# "bench_fleet.py"). Half of [pool] max_connections_total: a host connected for a fan-out
+# but not yet running is an idle connection, and at the cap another host's connect closes
+# the least recently used idle one; with half the connections left to hosts already done,
+# that is never one about to run (at 512 and 1,024, a 1,000-host fan-out lost hosts so).
+DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT: Final = 256
 DEFAULT_DRAIN_TIMEOUT_SECONDS: Final = 30.0  # SIGTERM waits this long for in-flight calls
 DEFAULT_QUARANTINE_MAX_BYTES: Final = 256 * 1024 * 1024  # rejected outputs kept, oldest removed
 DEFAULT_CONNECT_TIMEOUT_SECONDS: Final = 10.0  # TCP + SSH handshake to one host
