@@ -66,12 +66,15 @@ DEFAULT_WRITE_TIMEOUT_SECONDS: Final = 30.0
 # One keeps the loop and its small calls responsive on two cores; each costs ~60 MB of
 # memory. (Workers keep the daemon's CPU priority: see offload.py.)
 DEFAULT_EVALUATION_WORKERS: Final = 1
-# Hosts of all fan-outs in flight at once: a 1,000-host fan-out takes one call slot and its
-# hosts share these, so single calls keep max_concurrent_calls for themselves. Measured on
-# two cores, a 128-host fan-out: 64 in flight 0.28-0.33 s and a single call beside it 43x
-# its idle p50; 16 in flight 0.23 s and 16x; 8 in flight 0.31 s and 8x. More only queues:
-# at 512 hosts (issue 22), 16 in flight 537 hosts/s and 21x, 64 in flight 413 hosts/s and 59x.
-DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT: Final = 16
+# Hosts of all fan-outs in flight at once: a ceiling, not the bound. The bound is the rate
+# at which hosts start, steered by the event loop's lag (sshadapter/pacing.py): hosts in
+# flight then grow with the round trip (at 100 ms, ~1,000 hosts/s x ~0.3 s each). The old
+# count of 16 made a 512-host fan-out at 100 ms RTT 3.5x raw asyncssh (tests/bench/README.md
+# "bench_fleet.py"). Half of [pool] max_connections_total: a host connected for a fan-out
+# but not yet running is an idle connection, and at the cap another host's connect closes
+# the least recently used idle one; with half the connections left to hosts already done,
+# that is never one about to run (at 512 and 1,024, a 1,000-host fan-out lost hosts so).
+DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT: Final = 256
 DEFAULT_DRAIN_TIMEOUT_SECONDS: Final = 30.0  # SIGTERM waits this long for in-flight calls
 DEFAULT_QUARANTINE_MAX_BYTES: Final = 256 * 1024 * 1024  # rejected outputs kept, oldest removed
 DEFAULT_CONNECT_TIMEOUT_SECONDS: Final = 10.0  # TCP + SSH handshake to one host
@@ -94,9 +97,11 @@ DEFAULT_MAX_CONNECTIONS_TOTAL: Final = 512
 # A connection with no call for this long is closed: it holds an sshd process on its host;
 # reopening it costs one handshake (~15 ms on a LAN).
 DEFAULT_IDLE_CLOSE_SECONDS: Final = 300.0
-# SSH handshakes in flight, all hosts together: key exchange is CPU on both ends, so on two
-# cores more at once only queue, and 1,000 at once would each hit its connect timeout.
-DEFAULT_CONNECT_CONCURRENCY: Final = 32
+# SSH handshakes in flight, all hosts together: a ceiling (max_connections_total's 512), not
+# the bound. The bound is the rate at which handshakes start, steered by the loop's lag
+# (sshadapter/pacing.py), so a handshake never queues long enough to hit its timeout; the
+# old count of 32 made a cold 512-host fan-out at 100 ms RTT 4.8x raw asyncssh.
+DEFAULT_CONNECT_CONCURRENCY: Final = 512
 # Calls waiting for a person's approval at once (docs/protocol.md "Approval"): a person
 # reviews a handful; more is an agent looping on a refused change, and each waiting call
 # holds its agent connection. Past it: OVERLOADED (approvals_full) without asking anyone.

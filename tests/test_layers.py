@@ -33,6 +33,7 @@ LEAVES = frozenset(
         ".shipped",
         ".shown",
         ".safe_write",
+        ".pacing",
     )
 )
 # What each part may import besides itself and the leaves. The seam's value type

@@ -150,7 +150,7 @@ class ExplodingRunner:
         self.calls += 1
         raise RuntimeError("a bug in a runner")
 
-    async def warm(self, host: str) -> None:
+    async def warm(self, host: str, *, evict: bool = False) -> None:
         raise UpstreamError("connect_refused", retryable=True, ran=False)
 
     async def close(self) -> None:

@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 
 import asyncssh
 import pytest
-from daemon_harness import Running, with_daemon
+from daemon_harness import ROOT, Running, with_daemon
+from fleet_sshd import Fleet, running_fleet
 from sshd import FaultServer, running_fault_server, write_known_hosts
 
 from sshadapter.config import Config, GroupSection, HostSection, PoolSection
@@ -293,3 +294,93 @@ def test_the_young_generation_waits_for_gc_young_threshold_allocations() -> None
         "print(tune_garbage_collector() == (GC_YOUNG_THRESHOLD, 11, 12) == gc.get_threshold())\n"
     )
     assert_prints_true(script)
+
+
+FLEET_HOSTS = 40  # three of the fleet's sshd processes, past any one ceiling below
+
+
+def fleet_fanout(
+    tmp_path: Path, fleet: Fleet, calls: int, **server: Any
+) -> tuple[list[Any], list[int]]:
+    """``calls`` fan-outs of the shipped load_average over every fleet host, one after the
+    other, through the daemon with the SSH runner; the answers, and the handshakes in
+    flight sampled while they ran."""
+    commands = tmp_path / "commands"
+    commands.mkdir()
+    fanout = f"\n[fanout]\nmax_hosts = {FLEET_HOSTS}\nmax_results = {FLEET_HOSTS}\n"
+    (commands / "load_average.toml").write_text(
+        (ROOT / "commands" / "load_average.toml")
+        .read_text()
+        .replace('host = "local"', 'targets = ["fleet"]')
+        + fanout
+    )
+    hosts = {
+        h.alias: HostSection(
+            address=h.address,
+            port=h.port,
+            user=fleet.user,
+            client_keys=(fleet.client_key,),
+            known_hosts=fleet.known_hosts,
+        )
+        for h in fleet.hosts
+    }
+    answers: list[Any] = []
+    seen: list[int] = []
+
+    async def body(d: Running) -> None:
+        for _ in range(calls):
+            call = asyncio.ensure_future(
+                d.ask({"op": "call", "tool": "load_average", "args": {"run_on": "fleet"}})
+            )
+            while not call.done():
+                seen.append(d.service.runner.handshakes_in_flight)  # type: ignore[attr-defined]
+                await asyncio.sleep(0.005)
+            answers.append(await call)
+
+    with_daemon(
+        tmp_path,
+        body,
+        ssh=True,
+        commands=commands,
+        hosts=hosts,
+        groups={"fleet": GroupSection(members=tuple(hosts))},
+        **server,
+    )
+    return answers, seen
+
+
+def test_a_fan_out_with_the_shipped_defaults_answers_every_fleet_host(tmp_path: Path) -> None:
+    """Real sshd hosts, cold then warm, with the shipped paced bounds: every host answers."""
+    with running_fleet(FLEET_HOSTS) as fleet:
+        answers, _ = fleet_fanout(tmp_path, fleet, calls=2)
+    for answer in answers:
+        assert answer["outcome"] == "success", answer
+        assert (answer["data"]["succeeded"], answer["data"]["failed"]) == (FLEET_HOSTS, 0)
+
+
+def test_the_ceilings_still_bound_a_paced_fan_out(tmp_path: Path) -> None:
+    """A paced cold fan-out keeps connect_concurrency = 2 as its ceiling; every host answers."""
+    with running_fleet(FLEET_HOSTS) as fleet:
+        answers, seen = fleet_fanout(
+            tmp_path,
+            fleet,
+            calls=1,
+            pool=PoolSection(connect_concurrency=2),
+            max_fanout_hosts_in_flight=3,
+        )
+    (answer,) = answers
+    assert (answer["data"]["succeeded"], answer["data"]["failed"]) == (FLEET_HOSTS, 0)
+    assert max(seen) <= 2
+
+
+def test_a_fan_out_past_the_connection_cap_answers_every_host_and_warns_of_none(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """40 hosts through 8 connections: each host waits for room before its timeout starts."""
+    with running_fleet(FLEET_HOSTS) as fleet:
+        answers, _ = fleet_fanout(
+            tmp_path, fleet, calls=2, pool=PoolSection(max_connections_total=8)
+        )
+    for answer in answers:
+        assert (answer["data"]["succeeded"], answer["data"]["failed"]) == (FLEET_HOSTS, 0)
+    assert "not warmed" not in caplog.text

@@ -54,8 +54,10 @@ MAX_TARGETS: Final = 256  # names in one command file's `targets`: groups exist 
 # Fan-out bounds, each with its reason (docs/command-files.md "targets and fanout").
 DEFAULT_FANOUT_MAX_HOSTS: Final = 1000  # one daemon's fleet; a larger call is a mistake
 MAX_FANOUT_HOSTS: Final = 10_000
-DEFAULT_FANOUT_CONCURRENCY: Final = 32  # hosts in flight: ~what 2 cores of crypto sustain
+# An operation's hosts in flight: by default no bound of its own (the daemon's start rate
+# bounds every fan-out, sshadapter/pacing.py); an operator lowers it for a rolling change.
 MAX_FANOUT_CONCURRENCY: Final = 1024
+DEFAULT_FANOUT_CONCURRENCY: Final = MAX_FANOUT_CONCURRENCY
 DEFAULT_FANOUT_DEADLINE_SECONDS: Final = 60.0  # an agent waits a minute for a fleet, not more
 # Entries in one answer: ~160 bytes each, so 100 is ~16 KB, well under the 25,000 tokens
 # an agent host such as Claude Code accepts from one tool result by default.

@@ -55,6 +55,7 @@ from sshadapter.errors import (
     failure_of,
 )
 from sshadapter.inventory import Inventory, host_set_digest
+from sshadapter.pacing import HOST_STARTS, Pacer
 from sshadapter.runners.interface import FANOUT_HOST, Runner, RunResult
 from sshadapter.shown import shown
 from sshadapter.strict_json import StrictJSONError, strict_loads
@@ -206,6 +207,8 @@ class Service:
         """The most workers one fan-out starts (each takes its hosts in turn)."""
         self.fanout_hosts = asyncio.Semaphore(max_fanout_hosts_in_flight)
         """Hosts in flight across every fan-out (DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT)."""
+        self.fanout_starts = Pacer(HOST_STARTS)
+        """How fast fan-out hosts start, all fan-outs together (sshadapter/pacing.py)."""
         self.inventory = inventory or Inventory.bare(
             op.spec.host for op in registry.operations.values() if op.spec.host
         )
@@ -460,9 +463,10 @@ class Service:
         if call.approval is not None:
             call.approval.check(call.command)  # what runs is what was approved
         await self.audit.append(call.intent())  # 4: durable before the first exec
-        # One host is a single call, wherever it was named: it takes no fan-out slot, so it
-        # never waits behind a fan-out holding them all (its call slot bounds it already).
-        slot = self.fanout_hosts if len(call.hosts) > 1 else contextlib.nullcontext()
+        # One host is a single call, wherever it was named: it takes no fan-out slot and no
+        # start's turn, so it never waits behind a fan-out (its call slot bounds it already).
+        fanning = len(call.hosts) > 1
+        slot = self.fanout_hosts if fanning else contextlib.nullcontext()
         answer = FanoutAnswer(fanout.max_results)
         # The call's concurrency and the daemon's hosts in flight bound the hosts running at
         # once: that many workers take the hosts in turn, so a waiting host is one HostRun,
@@ -475,6 +479,8 @@ class Service:
             FANOUT_HOST.set(len(call.hosts) > 1)
             for run in waiting:  # shared: each host is taken by one worker
                 async with slot:
+                    if fanning:
+                        await self.fanout_starts.start()  # the rate the loop's lag allows
                     await self._host(call, args, run, answer)
 
         workers = min(len(call.runs), fanout.concurrency, self.max_fanout_hosts_in_flight)
@@ -504,6 +510,11 @@ class Service:
         envelope lives only here, not in the worker that goes on to the next host."""
         try:
             self._refuse_drifted(call.op, run.host)
+            if len(call.hosts) > 1:
+                # Connected first, at the rate handshakes start (the pool's pacer): a host
+                # waiting its handshake's turn is not yet running, so its operation's
+                # timeout starts after it; a connect that fails is the host's answer.
+                await self.runner.warm(run.host, evict=True)
             verdict = await self._attempts(call, args, run.host, run)
         except (DispatchRefusal, UpstreamError) as exc:
             verdict = Verdict(failure=failure_of(exc))

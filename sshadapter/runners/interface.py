@@ -38,8 +38,9 @@ class Runner(Protocol):
         """Run ``command`` on ``host``; raise UpstreamError when there is no result at all."""
         ...
 
-    async def warm(self, host: str) -> None:
-        """Get ready to run on ``host`` (open a connection); raise UpstreamError if it cannot."""
+    async def warm(self, host: str, *, evict: bool = False) -> None:
+        """Get ready to run on ``host`` (open a connection; ``evict``: close another host's
+        idle one at a cap, as a call would); raise UpstreamError if it cannot."""
         ...
 
     async def close(self) -> None:

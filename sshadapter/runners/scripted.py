@@ -33,7 +33,7 @@ class ScriptedRunner:
             answer.duration_seconds,
         )
 
-    async def warm(self, host: str) -> None:
+    async def warm(self, host: str, *, evict: bool = False) -> None:
         """Nothing to connect to."""
 
     async def close(self) -> None:

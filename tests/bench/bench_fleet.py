@@ -1,7 +1,8 @@
 """Issue 19's speed table: one command on N loopback hosts, sshadapter beside its baselines.
 
 Run: ``python tests/bench/bench_fleet.py`` (N = 32, 128, 512; about 5 min),
-``--quick`` (N = 32 only, under a minute), ``--sizes 32,128``, ``--no-ansible``.
+``--quick`` (N = 32 only, under a minute), ``--sizes 32,128``, ``--no-ansible``,
+``--rtts 0,20,100`` (the default: round trips through latency_proxy.py, issue 28).
 A benchmark, not a test: it always exits 0 and prints the figures and PASS/MISS.
 
 For each N, a fleet of N real OpenSSH hosts (``tests/fleet_sshd.py``: ceil(N/16)
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -53,13 +55,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fleet_ss
 import asyncssh
 import orjson
 from daemon_patches import SERVE
-from fleet_sshd import Fleet, running_fleet
-from harness import ROOT, AgentConn, Daemon, loadavg, machine, proc_status, tree_cpu
+from fleet_sshd import Fleet, _fleet_port, running_fleet
+from harness import ROOT, AgentConn, CpuCgroup, Daemon, loadavg, machine, proc_status
+from latency_proxy import LatencyProxy
 
 COMMAND: Final = "cat /proc/loadavg"
 DEFAULT_SIZES: Final = (32, 128, 512)
-HANDSHAKES_IN_FLIGHT: Final = 32  # raw cold: what a sane client opens at once (the pool's bound)
 WARM_ROUNDS: Final = 3  # warm fan-outs per method and N; the median is reported
+COLD_ROUNDS: Final = 3  # cold fan-outs (a fresh daemon, fresh raw connections each); median
+DEFAULT_RTTS: Final = (0.0, 20.0, 100.0)  # ms: loopback, a region, across the world
 ANSIBLE_FORKS: Final = 32  # the issue's setting; more forks only thrash 2 cores
 ANSIBLE_BUDGET_SECONDS: Final = 180.0  # skip an N whose Ansible runs would take longer
 ANSIBLE_TIMEOUT_SECONDS: Final = 600.0  # one ansible run that takes this long is cut
@@ -87,6 +91,11 @@ THROUGHPUT_TARGET: Final = 800.0  # issue 22: warm fan-out hosts/s over 512 conn
 THROUGHPUT_N: Final = 512  # the throughput row's N
 TARGET_N: Final = 128  # the ratio rows' N
 LOADED_N: Final = 512  # the loaded-p50 row's N
+# Issue 28's targets, at every RTT (the shipped defaults, one run).
+RTT_WARM_TARGET: Final = 1.2  # warm fan-out: sshadapter / raw asyncssh
+RTT_COLD_TARGET: Final = 1.3  # cold fan-out: sshadapter / raw asyncssh
+FAIR_P50_TARGET: Final = 2.0  # a single call's p50 beside back-to-back fan-outs / idle
+FAIR_RAW_TARGET: Final = 1.5  # that ratio / a raw exec's loaded / idle, same moment
 
 
 @dataclass
@@ -101,6 +110,9 @@ class Timing:
 @dataclass
 class SizeResult:
     n: int
+    rtt_ms: float = 0.0  # the latency proxy's round trip (0: straight to the fleet)
+    fidelity: str = ""  # the proxy's ping-pong line
+    proxy_cpu: float = float("nan")  # the proxy process's CPU seconds over the RTT's runs
     sshd_processes: int = 0
     rows: dict[str, Timing] = field(default_factory=dict)
     daemon_rss_mb: float = float("nan")
@@ -137,14 +149,14 @@ async def raw_exec(conn: asyncssh.SSHClientConnection) -> bool:
 
 
 async def raw_cold(fleet: Fleet) -> tuple[Timing, list[asyncssh.SSHClientConnection]]:
+    """Every host connected at once (the issue's raw: no bound of the client's own), and
+    one exec on each."""
     RAW_KEYS[fleet.client_key] = asyncssh.read_private_key(fleet.client_key)
     RAW_KNOWN[fleet.known_hosts] = asyncssh.read_known_hosts(str(fleet.known_hosts))
-    gate = asyncio.Semaphore(HANDSHAKES_IN_FLIGHT)
     conns: list[asyncssh.SSHClientConnection] = []
 
     async def one(alias: str) -> bool:
-        async with gate:
-            conn = await raw_connect(fleet, alias)
+        conn = await raw_connect(fleet, alias)
         conns.append(conn)
         return await raw_exec(conn)
 
@@ -303,14 +315,24 @@ async def start_sshadapter(fleet: Fleet, work: Path) -> SshadapterSide:
     return SshadapterSide(fleet, daemon, launched, tools)
 
 
-async def measure_sshadapter(fleet: Fleet, work: Path, result: SizeResult) -> SshadapterSide:
+async def measure_sshadapter(
+    fleet: Fleet, work: Path, result: SizeResult, sshd: CpuCgroup
+) -> SshadapterSide:
+    """COLD_ROUNDS daemons, each one cold fan-out; the last one's warm fan-outs after it."""
     n = len(fleet.hosts)
-    side = await start_sshadapter(fleet, work)
-    cold, _ = await sshadapter_fanout(side, n, warm=False)
-    result.rows["sshadapter cold"] = cold
-    cpu_before, sshd_before = side.daemon.cpu(), fleet_sshd_cpu(fleet)
+    colds = []
+    for round_ in range(COLD_ROUNDS):
+        here = work / f"round{round_}"
+        here.mkdir()
+        side = await start_sshadapter(fleet, here)
+        colds.append((await sshadapter_fanout(side, n, warm=False))[0])
+        if round_ < COLD_ROUNDS - 1:
+            for warning in side.daemon.stop():
+                print(f"  warning: {warning}")
+    result.rows["sshadapter cold"] = median_timing(colds)
+    cpu_before, sshd_before = side.daemon.cpu(), sshd.cpu()
     warm = [await sshadapter_fanout(side, n, warm=True) for _ in range(WARM_ROUNDS)]
-    cpu_after, sshd_after = side.daemon.cpu(), fleet_sshd_cpu(fleet)
+    cpu_after, sshd_after = side.daemon.cpu(), sshd.cpu()
     answered = sum(t.ok for t, _ in warm)
     if answered:  # utime + stime of the daemon's process tree, per host that answered
         result.warm_cpu_per_host = (cpu_after - cpu_before) / answered
@@ -513,45 +535,105 @@ def median_timing(timings: list[Timing]) -> Timing:
     return ordered[len(ordered) // 2]
 
 
-async def measure_size(n: int, ansible: Path | None, work: Path, largest: int) -> SizeResult:
-    result = SizeResult(n)
+def proxied(fleet: Fleet, work: Path) -> tuple[Fleet, list[tuple[str, int, str, int]]]:
+    """The fleet as seen through the latency proxy: every host on the same address (its
+    certificate names it) and another port, pinned by a CA line for that port; and the
+    proxy's (listen address, port, target address, port) pairs."""
+    port = _fleet_port(len(fleet.hosts))
+    hosts = tuple(dataclasses.replace(h, port=port) for h in fleet.hosts)
+    seen = dataclasses.replace(fleet, hosts=hosts, port=port, known_hosts=work / "known_hosts")
+    seen.write_known_hosts(seen.known_hosts)
+    return seen, [(h.address, port, h.address, fleet.port) for h in fleet.hosts]
+
+
+async def close_all(conns: list[asyncssh.SSHClientConnection]) -> None:
+    for conn in conns:
+        conn.close()
+    for conn in conns:
+        with contextlib.suppress(Exception):
+            await conn.wait_closed()
+
+
+async def measure_size(
+    n: int, ansible: Path | None, work: Path, largest: int, rtts: tuple[float, ...]
+) -> list[SizeResult]:
+    """Every RTT on one fleet of ``n`` hosts: raw and sshadapter, cold and warm, each in
+    the same run; the loaded p50 rows at the largest N."""
+    results = []
     print(f"\nN = {n}: starting the fleet", flush=True)
-    with running_fleet(n) as fleet:
-        result.sshd_processes = len(fleet.sshd_pids)
-        cold, conns = await raw_cold(fleet)
-        result.rows["raw asyncssh cold"] = cold
-        result.rows["raw asyncssh warm"] = median_timing(
-            [await raw_warm(conns) for _ in range(WARM_ROUNDS)]
-        )
-        for conn in conns:
-            conn.close()
-        for conn in conns:
-            with contextlib.suppress(Exception):
-                await conn.wait_closed()
-        print(f"  raw done ({cold.seconds:.2f} s cold)", flush=True)
-        (work / "sshadapter").mkdir()
-        side = await measure_sshadapter(fleet, work / "sshadapter", result)
+    with running_fleet(n) as real:
+        sshd = CpuCgroup("sshadapter-bench-fleet", real.sshd_pids)
+        print(f"  the fleet's sshd CPU: {sshd.how}", flush=True)
         try:
-            print("  sshadapter done", flush=True)
-            if n == largest:
-                idle, loaded, fanouts, raw_idle, raw_loaded = await loaded_p50(side)
-                result.rows["single call idle p50"] = Timing(idle / 1000, 1)
-                result.rows["single call loaded p50"] = Timing(loaded / 1000, fanouts)
-                result.rows["raw exec idle p50"] = Timing(raw_idle / 1000, 1)
-                result.rows["raw exec loaded p50"] = Timing(raw_loaded / 1000, 1)
-                print(f"  single calls: idle p50 {idle:.1f} ms, loaded p50 {loaded:.1f} ms")
-                print(f"  raw exec, same host: idle {raw_idle:.1f} ms, loaded {raw_loaded:.1f} ms")
+            for rtt in rtts:
+                here = work / f"rtt{rtt:g}"
+                here.mkdir()
+                result = SizeResult(n, rtt)
+                proxy = None
+                fleet = real
+                if rtt:
+                    fleet, pairs = proxied(real, here)
+                    proxy = LatencyProxy(rtt, pairs, here)
+                    result.fidelity = proxy.fidelity()
+                    print(f"  {result.fidelity}", flush=True)
+                try:
+                    chosen = ansible if not rtt else None  # Ansible: loopback only
+                    await measure_rtt(fleet, real, chosen, here, result, sshd, n == largest)
+                finally:
+                    if proxy is not None:
+                        result.proxy_cpu = proxy.stop()
+                results.append(result)
         finally:
-            for warning in side.daemon.stop():
-                print(f"  warning: {warning}")
-        if ansible is not None:
-            if skip := ansible_skip(n):
-                result.rows["Ansible cold"] = Timing(note=skip)
-            else:
-                (work / "ansible").mkdir()
-                measure_ansible(ansible, fleet, work / "ansible", result)
-                print("  Ansible done", flush=True)
-    return result
+            sshd.remove()
+    return results
+
+
+async def measure_rtt(
+    fleet: Fleet,
+    real: Fleet,
+    ansible: Path | None,
+    work: Path,
+    result: SizeResult,
+    sshd: CpuCgroup,
+    loaded_row: bool,
+) -> None:
+    """One N at one RTT: raw cold (median of COLD_ROUNDS) and warm, sshadapter the same."""
+    n = result.n
+    result.sshd_processes = len(real.sshd_pids)
+    colds = []
+    for round_ in range(COLD_ROUNDS):
+        cold, conns = await raw_cold(fleet)
+        colds.append(cold)
+        if round_ < COLD_ROUNDS - 1:
+            await close_all(conns)
+    result.rows["raw asyncssh cold"] = cold = median_timing(colds)
+    result.rows["raw asyncssh warm"] = median_timing(
+        [await raw_warm(conns) for _ in range(WARM_ROUNDS)]
+    )
+    await close_all(conns)
+    print(f"  RTT {result.rtt_ms:g} ms: raw done ({cold.seconds:.2f} s cold)", flush=True)
+    (work / "sshadapter").mkdir()
+    side = await measure_sshadapter(fleet, work / "sshadapter", result, sshd)
+    try:
+        print("  sshadapter done", flush=True)
+        if loaded_row:
+            idle, loaded, fanouts, raw_idle, raw_loaded = await loaded_p50(side)
+            result.rows["single call idle p50"] = Timing(idle / 1000, 1)
+            result.rows["single call loaded p50"] = Timing(loaded / 1000, fanouts)
+            result.rows["raw exec idle p50"] = Timing(raw_idle / 1000, 1)
+            result.rows["raw exec loaded p50"] = Timing(raw_loaded / 1000, 1)
+            print(f"  single calls: idle p50 {idle:.1f} ms, loaded p50 {loaded:.1f} ms")
+            print(f"  raw exec, same host: idle {raw_idle:.1f} ms, loaded {raw_loaded:.1f} ms")
+    finally:
+        for warning in side.daemon.stop():
+            print(f"  warning: {warning}")
+    if ansible is not None:
+        if skip := ansible_skip(n):
+            result.rows["Ansible cold"] = Timing(note=skip)
+        else:
+            (work / "ansible").mkdir()
+            measure_ansible(ansible, fleet, work / "ansible", result)
+            print("  Ansible done", flush=True)
 
 
 ANSIBLE_SECONDS_PER_HOST: list[float] = []  # cold + warm, from the sizes run so far
@@ -709,9 +791,51 @@ def report(results: list[SizeResult], startup: dict[int, tuple[float, float]]) -
         )
 
 
-def fleet_sshd_cpu(fleet: Fleet) -> float:
-    """CPU seconds of every sshd process tree of the fleet (the sessions and commands too)."""
-    return tree_cpu(*fleet.sshd_pids)
+def latency_report(results: list[SizeResult]) -> None:
+    """Issue 28's table: each N and RTT, warm and cold, sshadapter beside raw; the single
+    call beside fan-outs at each RTT; the proxy's fidelity and CPU."""
+    print("\nIssue 28: fan-outs at each RTT (latency proxy), medians, same run")
+    print("  | N | RTT | fan-out | sshadapter | raw | ratio | target |")
+    print("  |---|---|---|---|---|---|---|")
+    for r in results:
+        for kind, target in (("warm", RTT_WARM_TARGET), ("cold", RTT_COLD_TARGET)):
+            mine, base = (
+                r.rows.get(f"sshadapter {kind}", Timing()),
+                r.rows.get(f"raw asyncssh {kind}", Timing()),
+            )
+            x = ratio(r, f"sshadapter {kind}", f"raw asyncssh {kind}")
+            verdict = "PASS" if x <= target else "MISS"
+            print(
+                f"  | {r.n} | {r.rtt_ms:g} ms | {kind} | {fmt(mine.seconds)} s ({mine.ok}) | "
+                f"{fmt(base.seconds)} s ({base.ok}) | {x:.2f}x | {verdict} <= {target:g} |"
+            )
+    print("\n  | N | RTT | single call p50 idle / loaded | ratio | raw exec ratio | ours / raw |")
+    print("  |---|---|---|---|---|---|")
+    for r in results:
+        if "single call loaded p50" not in r.rows:
+            continue
+        idle, busy = r.rows["single call idle p50"], r.rows["single call loaded p50"]
+        raw_idle, raw_busy = r.rows["raw exec idle p50"], r.rows["raw exec loaded p50"]
+        ours, raw = busy.seconds / idle.seconds, raw_busy.seconds / raw_idle.seconds
+        verdicts = [
+            "PASS" if ours <= FAIR_P50_TARGET else "MISS",
+            "PASS" if ours / raw <= FAIR_RAW_TARGET else "MISS",
+        ]
+        print(
+            f"  | {r.n} | {r.rtt_ms:g} ms | {idle.seconds * 1000:.1f} / "
+            f"{busy.seconds * 1000:.1f} ms ({busy.ok} fan-outs) | {ours:.2f}x "
+            f"{verdicts[0]} <= {FAIR_P50_TARGET:g} | {raw_idle.seconds * 1000:.1f} / "
+            f"{raw_busy.seconds * 1000:.1f} ms = {raw:.2f}x | {ours / raw:.2f} "
+            f"{verdicts[1]} <= {FAIR_RAW_TARGET:g} |"
+        )
+    for r in results:
+        if r.fidelity:
+            print(f"  N = {r.n}, {r.fidelity}; its CPU over the runs {r.proxy_cpu:.1f} s")
+        print(
+            f"  N = {r.n}, RTT {r.rtt_ms:g} ms: per warm host, daemon CPU "
+            f"{r.warm_cpu_per_host * 1000:.2f} ms, the fleet's sshd "
+            f"{r.warm_sshd_cpu_per_host * 1000:.2f} ms"
+        )
 
 
 def throughput_row(largest: SizeResult | None) -> tuple[str, float, str, float, str] | None:
@@ -754,6 +878,7 @@ def ratio(r: SizeResult, top: str, bottom: str) -> float:
 async def main(args: argparse.Namespace) -> None:
     global FANOUT_HOSTS
     FANOUT_HOSTS = args.fanout_hosts
+    rtts = tuple(float(r) for r in args.rtts.split(","))
     sizes = (32,) if args.quick else tuple(int(s) for s in args.sizes.split(","))
     print(machine())
     if FANOUT_HOSTS is not None:
@@ -775,12 +900,12 @@ async def main(args: argparse.Namespace) -> None:
             here = work / f"n{n}"
             here.mkdir()
             try:
-                result = await measure_size(n, ansible, here, max(sizes))
+                by_rtt = await measure_size(n, ansible, here, max(sizes), rtts)
             except Exception as exc:  # a benchmark reports and goes on; it never fails
                 print(f"  N = {n} did not finish: {type(exc).__name__}: {exc}", flush=True)
                 continue
-            results.append(result)
-            cold, warm = result.rows.get("Ansible cold"), result.rows.get("Ansible warm")
+            results += by_rtt
+            cold, warm = by_rtt[0].rows.get("Ansible cold"), by_rtt[0].rows.get("Ansible warm")
             if cold and warm and cold.ok and warm.ok:
                 ANSIBLE_SECONDS_PER_HOST.append((cold.seconds + warm.seconds) / n)
         if not args.quick:
@@ -789,7 +914,8 @@ async def main(args: argparse.Namespace) -> None:
                     startup[hosts] = await startup_seconds(hosts, work)
                 except Exception as exc:
                     print(f"  start-up with {hosts} hosts failed: {exc}", flush=True)
-    report(results, startup)
+    report([r for r in results if not r.rtt_ms], startup)
+    latency_report(results)
     print(f"\nload average at end: {loadavg()}")
 
 
@@ -797,6 +923,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="N values")
     parser.add_argument("--quick", action="store_true", help="N = 32 only, no start-up rows")
+    parser.add_argument(
+        "--rtts",
+        default=",".join(f"{r:g}" for r in DEFAULT_RTTS),
+        help="round trips in ms through the latency proxy (0: straight to the fleet)",
+    )
     parser.add_argument("--no-ansible", action="store_true", help="leave Ansible out")
     parser.add_argument("--ansible", help="an ansible binary to use instead of the cached venv")
     parser.add_argument(

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Final, Protocol
 
 from sshadapter.config import PoolSection
+from sshadapter.pacing import HANDSHAKE_STARTS, Pacer
 from sshadapter.runners.ssh.file_cache import FileCache
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class Fleet:
         """Connects in flight, each holding a slot of max_connections_total."""
         self.handshakes_in_flight = 0
         self._handshakes = asyncio.Semaphore(limits.connect_concurrency)
+        self._handshake_starts = Pacer(HANDSHAKE_STARTS)
         self._changed = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
         self._on_connect_failure = on_connect_failure
@@ -135,8 +137,10 @@ class Fleet:
 
     @contextlib.asynccontextmanager
     async def handshake(self) -> AsyncIterator[None]:
-        """One of ``connect_concurrency`` handshakes in flight."""
+        """One of ``connect_concurrency`` handshakes in flight, begun at the rate the loop's
+        lag allows (sshadapter/pacing.py): the count is a ceiling, the rate the bound."""
         async with self._handshakes:
+            await self._handshake_starts.start()
             self.handshakes_in_flight += 1
             try:
                 yield

@@ -255,23 +255,35 @@ class Pool:
         conn.last_used = time.monotonic()
         self._settle(conn)
 
-    async def warm(self) -> None:
-        """Open one connection ahead of the first call, unless one is open or the fleet is
-        full (warming closes no other host's connection); raises like acquire()."""
-        if self._closed:
-            raise UpstreamError("pool_closed", retryable=False, ran=False)
-        if self._conns:
-            return
-        if self._connecting is None:
-            if not self._fleet.reserve(evict=False):
-                log.warning("host %s not warmed: max_connections_total are open", self.alias)
+    async def warm(self, *, evict: bool = False) -> None:
+        """Open one connection ahead of the first call, unless one is open. At the fleet's
+        cap, ``evict`` closes the least recently used idle connection, or waits for room
+        (a fan-out's host: waiting here is not inside its operation's timeout); a start-up
+        warm closes no other host's connection and gives up. Raises like acquire()."""
+        while True:
+            if self._closed:
+                raise UpstreamError("pool_closed", retryable=False, ran=False)
+            if self._conns:
                 return
-            self._connecting = asyncio.create_task(self._connect())
-        task = self._connecting
-        await asyncio.wait([task])  # as in acquire: a shared connect is not ours to cancel
-        outcome = None if task.cancelled() else task.result()
-        if isinstance(outcome, UpstreamError) and not self._conns:
-            raise again(outcome) from outcome.__cause__
+            if self._connecting is None:
+                if self._fleet.reserve(evict=evict):
+                    self._connecting = asyncio.create_task(self._connect())
+                elif not evict:
+                    log.warning("host %s not warmed: max_connections_total are open", self.alias)
+                    return
+                elif not self._awaiting_room:
+                    await self._await_room()
+                    continue
+                else:
+                    changed = self._changed
+                    await changed.wait()
+                    continue
+            task = self._connecting
+            await asyncio.wait([task])  # as in acquire: a shared connect is not ours to cancel
+            outcome = None if task.cancelled() else task.result()
+            if isinstance(outcome, UpstreamError) and not self._conns:
+                raise again(outcome) from outcome.__cause__
+            return
 
     def release(self, conn: Conn) -> None:
         conn.channels -= 1

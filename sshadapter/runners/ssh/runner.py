@@ -138,10 +138,11 @@ class SshRunner:
             if session is not None:
                 session.stop()  # a no-op once the channel has closed by itself
 
-    async def warm(self, host: str) -> None:
+    async def warm(self, host: str, *, evict: bool = False) -> None:
         """Open one connection to ``host`` ahead of the first call, unless one is open or
-        ``max_connections_total`` are (then nothing is closed for it); raises like run()."""
-        await self._pool(host).warm()
+        ``max_connections_total`` are (then nothing is closed for it, unless ``evict``: the
+        least recently used idle one, as a call does); raises like run()."""
+        await self._pool(host).warm(evict=evict)
 
     async def close(self) -> None:
         """Close every connection; later calls raise UpstreamError("pool_closed")."""
