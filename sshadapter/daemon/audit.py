@@ -136,9 +136,17 @@ class _AuditFile:
 class AuditLog:
     """An append-only JSON-lines file shared by every call of one daemon."""
 
-    def __init__(self, path: Path, *, fsync: FsyncPolicy = "always") -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        fsync: FsyncPolicy = "always",
+        inline_fsync_max_seconds: float = INLINE_FSYNC_MAX_SECONDS,
+    ) -> None:
         self.path = path
         self.fsync = fsync
+        self.inline_fsync_max_seconds = inline_fsync_max_seconds
+        """How fast this disk's fsync must be for a lone record to be synced on the loop."""
         self._file: _AuditFile | None = None  # the file records are appended to
         # Files a reopen left with records not yet synced, oldest first: the flusher
         # syncs each, then releases it.
@@ -358,7 +366,7 @@ class AuditLog:
         idle = self._flusher is None or self._flusher.done()
         if file is None or not idle or self._waiters or self._retired:
             return False
-        if number - self._settled != 1 or self._fsync_seconds >= INLINE_FSYNC_MAX_SECONDS:
+        if number - self._settled != 1 or self._fsync_seconds >= self.inline_fsync_max_seconds:
             return False
         failure = self._sync_now(file)
         self._settle(number, failure)
@@ -411,7 +419,7 @@ class AuditLog:
         # The flusher runs a loop turn after the appends that woke it, so a burst
         # has written all its records by now: one record alone is synced inline.
         alone = target - self._settled == 1 and len(self._waiters) <= 1
-        if alone and self._fsync_seconds < INLINE_FSYNC_MAX_SECONDS:
+        if alone and self._fsync_seconds < self.inline_fsync_max_seconds:
             return self._sync_now(file)
         started = time.monotonic()
         try:
