@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from typing import Final
 
 # The loop's lag the pacers keep under: a single call takes ~5 loop wake-ups (request,
-# channel, exec, output, answer), so 5 ms each keeps it within ~2x of a 26 ms idle call.
-LAG_TARGET_SECONDS: Final = 0.005
+# channel, exec, output, answer). At 5 ms a call beside back-to-back 512-host fan-outs at
+# 20 ms RTT was 2.2-3.2x its idle p50 (1.6x a raw exec's ratio); at 2 ms, 1.84x (1.48x),
+# with the fan-outs still 1.00-1.19x raw at 0, 20 and 100 ms (tests/bench/README.md).
+LAG_TARGET_SECONDS: Final = 0.002
 # How often the rate moves: about one loop turn under a fan-out, so a burst of lag is
 # answered within it, and the many starts that wake in one turn count once.
 ADJUST_INTERVAL_SECONDS: Final = 0.010
