@@ -173,16 +173,13 @@ def test_connect_failures_are_counted_by_reason(tmp_path: Path) -> None:
     with_daemon(tmp_path, body, ssh=True, hosts={"ci": host, "local": host})
 
 
-def test_a_fan_out_to_unreachable_hosts_leaves_counts_by_reason_and_one_log_line(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """200 hosts where nothing listens: no series per host, a count by reason, one log line."""
-    commands, schemas = operator_files(tmp_path)
+def unreachable_hosts(tmp_path: Path, count: int) -> dict[str, HostSection]:
+    """``count`` aliases h000, h001, ... on fleet addresses at a port where nothing listens."""
     key = tmp_path / "key"
     asyncssh.generate_private_key("ssh-ed25519").write_private_key(key)
     (tmp_path / "known_hosts").write_text("")
     port = closed_port()
-    hosts = {
+    return {
         f"h{i:03d}": HostSection(
             address=fleet_address(i),
             port=port,
@@ -190,8 +187,16 @@ def test_a_fan_out_to_unreachable_hosts_leaves_counts_by_reason_and_one_log_line
             client_keys=(key,),
             known_hosts=tmp_path / "known_hosts",
         )
-        for i in range(200)
+        for i in range(count)
     }
+
+
+def test_a_fan_out_to_unreachable_hosts_leaves_counts_by_reason_and_one_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """200 hosts where nothing listens: no series per host, a count by reason, one log line."""
+    commands, schemas = operator_files(tmp_path)
+    hosts = unreachable_hosts(tmp_path, 200)
     scraped: list[str] = []
 
     async def body(d: Running) -> None:
@@ -217,20 +222,7 @@ def test_warm_hosts_not_reached_at_start_are_one_log_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """[pool] warm naming 50 hosts where nothing listens: one WARNING with the count by reason."""
-    key = tmp_path / "key"
-    asyncssh.generate_private_key("ssh-ed25519").write_private_key(key)
-    (tmp_path / "known_hosts").write_text("")
-    port = closed_port()
-    hosts = {
-        f"h{i:03d}": HostSection(
-            address=fleet_address(i),
-            port=port,
-            user="nobody",
-            client_keys=(key,),
-            known_hosts=tmp_path / "known_hosts",
-        )
-        for i in range(50)
-    }
+    hosts = unreachable_hosts(tmp_path, 50)
     hosts |= {"ci": hosts["h000"], "local": hosts["h000"]}
 
     def reach_warnings() -> list[str]:  # the server's and the runner's, not the loader's
