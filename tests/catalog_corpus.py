@@ -21,6 +21,7 @@ import pytest
 from shared_data import find_shared
 
 from sshadapter.check.nearmiss import derive
+from sshadapter.check.report import check_registry
 from sshadapter.contract.evaluate import Verdict, evaluate, seal
 from sshadapter.contract.registry import Operation, Registry, load_registry
 from sshadapter.runners.interface import RunResult
@@ -104,3 +105,29 @@ def near_misses_refused(op: Operation, stdout: bytes, args: dict[str, Any] | Non
 def lines_starting(data: bytes, prefix: bytes) -> bytes:
     """What `grep '^PREFIX' FILE` prints for a file: its lines that start with ``prefix``."""
     return b"".join(line for line in data.splitlines(keepends=True) if line.startswith(prefix))
+
+
+def check_misses(family: str) -> list[str]:
+    """`sshadapter check` on the family: every row that is not as its fixture declares."""
+    return [
+        f"{row.tool}/{row.case}/{row.kind}" for row in check_registry(catalog(family)) if not row.ok
+    ]
+
+
+def provenance_gaps(family: str) -> list[str]:
+    """Fixture directories of the family whose PROVENANCE.md is missing, misshapen, or silent
+    about one of its cases."""
+    gaps = []
+    for fixtures in sorted((CATALOG / family).glob("*.fixtures")):
+        tool = fixtures.name.removesuffix(".fixtures")
+        path = fixtures / "PROVENANCE.md"
+        lines = [line for line in path.read_text().splitlines() if line] if path.exists() else []
+        if lines[:1] != [f"# Provenance: {tool}"] or not lines[1].startswith("Proven on: "):
+            gaps.append(f"{tool}: PROVENANCE.md missing or not in the catalog's format")
+            continue
+        text = "\n".join(lines)
+        for case in sorted(fixtures.glob("*.case.json")):
+            name = case.name.removesuffix(".case.json")
+            if f"`{name}`" not in text:
+                gaps.append(f"{tool}: case {name} has no line in PROVENANCE.md")
+    return gaps

@@ -15,10 +15,12 @@ import pytest
 from catalog_corpus import (
     accepted,
     catalog,
+    check_misses,
     corpus_file,
     corpus_ids,
     lines_starting,
     near_misses_refused,
+    provenance_gaps,
 )
 
 from sshadapter.contract.registry import Registry
@@ -154,3 +156,13 @@ def test_cpus_online_is_the_list_as_written(compute: Registry, file_id: str) -> 
     op = compute.operations["cpus_online"]
     assert accepted(op, data) == {"online": data.decode().strip()}
     near_misses_refused(op, data)
+
+
+def test_the_compute_fixtures_pass_check() -> None:
+    """`sshadapter check` on the shipped fixtures: each as declared, every near-miss refused."""
+    assert check_misses("compute") == []
+
+
+def test_every_compute_fixture_says_where_it_came_from() -> None:
+    """PROVENANCE.md in the catalog's format beside each fixtures directory, naming every case."""
+    assert provenance_gaps("compute") == []

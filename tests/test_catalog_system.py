@@ -14,11 +14,13 @@ import pytest
 from catalog_corpus import (
     accepted,
     catalog,
+    check_misses,
     corpus_file,
     corpus_ids,
     judged,
     lines_starting,
     near_misses_refused,
+    provenance_gaps,
 )
 
 from sshadapter.contract.registry import Registry
@@ -103,3 +105,13 @@ def test_kernel_release_refuses_the_proc_version_line(system: Registry, file_id:
         "extract",
         "unmatched_line",
     )
+
+
+def test_the_system_fixtures_pass_check() -> None:
+    """`sshadapter check` on the shipped fixtures: each as declared, every near-miss refused."""
+    assert check_misses("system") == []
+
+
+def test_every_system_fixture_says_where_it_came_from() -> None:
+    """PROVENANCE.md in the catalog's format beside each fixtures directory, naming every case."""
+    assert provenance_gaps("system") == []

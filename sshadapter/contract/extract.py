@@ -176,8 +176,9 @@ class LinesFormat:
 
     def _keyed(self, table: list[list[Any]], first: int) -> dict[str, Any]:
         """One member per row that names one: a key twice, or two spellings at once, rejects."""
-        names = self.row.groups
-        at = names.index(KEY_GROUP)
+        at = self.row.groups.index(KEY_GROUP)
+        converters = {index: to for index, _, to in self._columns}
+        spellings = [index for index in range(len(self.row.groups)) if index != at]
         members: dict[str, Any] = {}
         for number, values in enumerate(table, first + 1):
             key = values[at]
@@ -185,18 +186,22 @@ class LinesFormat:
                 continue
             if key in members:
                 raise EvidenceError("extract", "duplicate_key", f"line {number}: {key}")
-            spelled = [
-                (name, value)
-                for index, (name, value) in enumerate(zip(names, values, strict=True))
-                if index != at and value is not None
-            ]
-            if len(spelled) > 1:
-                raise EvidenceError("extract", "ambiguous_value", f"line {number}: {key}")
-            if not spelled:
+            spelled = [index for index in spellings if values[index] is not None]
+            if len(spelled) != 1:
+                if spelled:
+                    raise EvidenceError("extract", "ambiguous_value", f"line {number}: {key}")
                 members[key] = None
                 continue
-            name, raw = spelled[0]
-            members[key] = convert({name: raw}, self.types, line=number)[name]
+            raw = values[spelled[0]]
+            to = converters.get(spelled[0])
+            try:
+                members[key] = raw if to is None else to(raw)
+            except ValueError as exc:
+                name = self.row.groups[spelled[0]]
+                kind = self.types[name]
+                raise EvidenceError(
+                    "extract", "bad_type", f"line {number}: {name}: not {kind}"
+                ) from exc
         return members
 
     def _typed_rows(self, table: list[list[Any]], first: int) -> list[dict[str, Any]]:
