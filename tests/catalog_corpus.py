@@ -11,14 +11,12 @@ repository). Missing, the tests skip, and fail when $CI says it must be there.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-import pytest
-from shared_data import find_shared
+from shared_data import find_shared, require_shared
 
 from sshadapter.check.nearmiss import derive
 from sshadapter.check.report import check_registry
@@ -48,12 +46,7 @@ class CorpusFile:
 
 def require_corpus() -> Path:
     """The corpus folder, or a skip (a fail when $CI says it must be there)."""
-    if CORPUS is not None and (CORPUS / "sources.json").is_file():
-        return CORPUS
-    message = "../shared/catalog/corpus not found (set SSHADAPTER_SHARED to the shared folder)"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    return require_shared(CORPUS, "sources.json")
 
 
 def corpus_ids(key: str) -> list[str]:
