@@ -75,6 +75,7 @@ EVIDENCE_REASONS: Final[dict[str, frozenset[str]]] = {
             "no_rows",
             "missing_key",
             "duplicate_key",
+            "ambiguous_value",
             "bad_type",
             "not_utf8",
             "control_character",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 
 def find_shared(subdir: Path) -> Path | None:
     """SSHADAPTER_SHARED/subdir if set, else shared/subdir beside the repository (resolved or as
@@ -17,3 +19,14 @@ def find_shared(subdir: Path) -> Path | None:
         Path.cwd() / ".." / "shared",
     ]
     return next((c / subdir for c in candidates if (c / subdir).is_dir()), None)
+
+
+def require_shared(found: Path | None, marker: str) -> Path:
+    """``found`` when it holds the file ``marker``; else a skip, or a fail when $CI says the
+    shared folder must be there."""
+    if found is not None and (found / marker).is_file():
+        return found
+    message = f"shared data not found: {marker} (set SSHADAPTER_SHARED to the shared folder)"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)

@@ -812,3 +812,12 @@ def test_retrying_bad_evidence_is_a_load_error(tmp_path: Path) -> None:
     )
     exc = refused(tmp_path, text)
     assert exc.key.startswith("retry.on")
+
+
+def test_keyed_row_without_a_key_group_is_refused(tmp_path: Path) -> None:
+    """shape = keyed names each member by the row's `key` group: a row without one is refused."""
+    text = replaced(
+        'format = "json"', 'format = "lines"\nshape = "keyed"\nrow = \'^(?P<state>[a-z]+)$\''
+    )
+    exc = refused(tmp_path, text)
+    assert_names(exc, tmp_path, "output.row", "shape 'keyed' needs a group named 'key'")

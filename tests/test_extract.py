@@ -181,3 +181,54 @@ def test_jsonl_bounds_rows_and_allows_an_empty_stream() -> None:
     fmt = JsonlFormat(4096, 8, 2)
     assert reason_of(fmt, b"1\n2\n3\n")[1] == "too_many_rows"
     assert fmt.parse(b"") == {"rows": []}
+
+
+OS_RELEASE_ROW = compile_linear(
+    r'^(?:(?P<key>[A-Z][A-Z0-9_]*)=(?:"(?P<quoted>[^"]*)"|(?P<bare>[a-z0-9.]*))|#.*|)$'
+)
+
+
+def keyed(row: object = OS_RELEASE_ROW, types: dict[str, str] | None = None) -> LinesFormat:
+    return LinesFormat(4096, (), row, "keyed", 100, types or {})  # type: ignore[arg-type]
+
+
+def test_keyed_rows_become_one_object_named_by_their_key() -> None:
+    """shape = keyed: a member per row, valued by whichever spelling took part."""
+    out = b'NAME="Debian GNU/Linux"\n# a comment\n\nID=debian\nVERSION_ID="12"\n'
+    assert keyed().parse(out) == {"NAME": "Debian GNU/Linux", "ID": "debian", "VERSION_ID": "12"}
+
+
+def test_keyed_values_are_typed_under_their_group_name() -> None:
+    """/proc/meminfo: the value group's type converts every member's value."""
+    row = compile_linear(r"^(?P<key>[A-Za-z_()]+): +(?P<value>[0-9]+)(?: kB)?$")
+    out = b"MemTotal:       24683784 kB\nHugePages_Total:       0\n"
+    assert keyed(row, {"value": "integer"}).parse(out) == {
+        "MemTotal": 24683784,
+        "HugePages_Total": 0,
+    }
+    assert reason_of(keyed(row, {"value": "integer"}), b"MemTotal: 099 kB\n")[:2] == (
+        "extract",
+        "bad_type",
+    )
+
+
+def test_keyed_refuses_a_key_twice_and_any_unmatched_line() -> None:
+    """A key written twice is a lie about which value holds; a stray line is unaccounted for."""
+    assert reason_of(keyed(), b"ID=debian\nID=fedora\n") == (
+        "extract",
+        "duplicate_key",
+        "line 2: ID",
+    )
+    assert reason_of(keyed(), b"ID=debian\nID='x'\n")[:2] == ("extract", "unmatched_line")
+
+
+def test_keyed_two_spellings_at_once_are_ambiguous() -> None:
+    """Value groups are alternatives: a row pattern that lets two take part is refused per line."""
+    row = compile_linear(r"^(?P<key>[A-Z]+)=(?P<a>[a-z]+)(?P<b>[0-9]+)?$")
+    assert keyed(row).parse(b"ID=x\n") == {"ID": "x"}
+    assert reason_of(keyed(row), b"ID=x1\n") == ("extract", "ambiguous_value", "line 1: ID")
+
+
+def test_keyed_with_only_blank_lines_is_an_empty_object() -> None:
+    """Lines that name nothing make no member: the schema decides what must be there."""
+    assert keyed().parse(b"# nothing\n\n") == {}

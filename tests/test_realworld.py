@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from shared_data import find_shared
+from shared_data import find_shared, require_shared
 
 from sshadapter.check.fixtures import Fixture, load_fixtures
 from sshadapter.check.nearmiss import derive
@@ -57,12 +56,7 @@ JUDGEMENTS = {f"{j['op']}/{j['case']}": j for j in _judgements()}
 
 def require_realworld() -> Path:
     """The folder, or a skip (a fail when $CI says it must be there)."""
-    if REALWORLD is not None and (REALWORLD / "fixtures.json").is_file():
-        return REALWORLD
-    message = "../shared/realworld/ not found (set SSHADAPTER_SHARED to the shared folder)"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    return require_shared(REALWORLD, "fixtures.json")
 
 
 @pytest.fixture(scope="module")

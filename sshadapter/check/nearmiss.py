@@ -15,6 +15,7 @@ from typing import Any, Final
 
 import orjson
 
+from sshadapter.contract.extract import LinesFormat
 from sshadapter.contract.registry import Operation
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
@@ -44,9 +45,18 @@ def derive(op: Operation, stdout: bytes) -> list[NearMiss]:
     else:
         lines = stdout.splitlines(keepends=True)
         header_lines = len(op.spec.output.header)
+        shape = op.spec.output.shape
         for index, line in enumerate(lines):
-            # Two equal rows are a legitimate table; duplicating a header or a kv line is not.
-            if op.spec.output.shape == "rows" and index >= header_lines:
+            # Two equal rows are a legitimate table, and two blank or comment lines of a
+            # keyed table the same file; duplicating a header, a kv line or a member is not.
+            if index >= header_lines and (
+                shape == "rows"
+                or (
+                    shape == "keyed"
+                    and isinstance(op.parser, LinesFormat)
+                    and not op.parser.makes_member(line.rstrip(b"\n"))
+                )
+            ):
                 continue
             misses.append(
                 (

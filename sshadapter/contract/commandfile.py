@@ -141,7 +141,7 @@ class OutputSection(_Table):
     pattern: str | None = None
     header: tuple[str, ...] = ()
     row: str | None = None
-    shape: Literal["one", "rows"] | None = None
+    shape: Literal["one", "rows", "keyed"] | None = None
     max_rows: Annotated[int, Field(ge=1, le=100_000)] | None = None
     types: dict[str, FieldType] = {}
     separator: Annotated[str, Field(min_length=1, max_length=8)] | None = None

@@ -21,6 +21,9 @@ from sshadapter.errors import EvidenceError
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
 FieldType = Literal["integer", "number", "boolean", "string"]
+Shape = Literal["one", "rows", "keyed"]
+
+KEY_GROUP: Final = "key"  # the group that names a member of a `keyed` table
 
 DEFAULT_MAX_ROWS: Final = 1000  # rows a text table or jsonl stream may have unless declared
 
@@ -104,12 +107,20 @@ class RegexFormat:
 
 @dataclass(frozen=True, slots=True)
 class LinesFormat:
-    """Header lines in order, then rows, each line fullmatched."""
+    """Header lines in order, then rows, each line fullmatched.
+
+    ``keyed``: the rows become one object, a member per row named by its ``key`` group
+    (``/proc/meminfo``, ``/etc/os-release``: keys that vary by version, each line
+    accounted for). A row whose ``key`` took no part in the match (a blank line, a
+    comment, matched by another alternative of ``row``) makes no member. The member's
+    value is the one other group that took part: several groups are several spellings
+    of one value (quoted and bare), never several values.
+    """
 
     max_bytes: int
     header: Sequence[LinearPattern]
     row: LinearPattern
-    shape: Literal["one", "rows"]
+    shape: Shape
     max_rows: int
     types: Mapping[str, FieldType]
     _columns: tuple[tuple[int, str, Converter], ...] = field(init=False, repr=False)
@@ -148,12 +159,50 @@ class LinesFormat:
             if len(table) == self.max_rows:
                 raise EvidenceError("extract", "too_many_rows", f"line {number}")
             table.append(values)
+        if self.shape == "keyed":
+            return self._keyed(table, first)
         rows = self._typed_rows(table, first)
         if self.shape == "rows":
             return {"rows": rows}
         if not rows:
             raise EvidenceError("extract", "no_rows", "shape 'one' needs exactly one row")
         return rows[0]
+
+    def makes_member(self, line: bytes) -> bool:
+        """Whether ``line`` is a row that names a member (``keyed``): duplicating it is a lie,
+        while a blank or comment line twice is the same file."""
+        values = self.row.values(line)
+        return values is not None and values[self.row.groups.index(KEY_GROUP)] is not None
+
+    def _keyed(self, table: list[list[Any]], first: int) -> dict[str, Any]:
+        """One member per row that names one: a key twice, or two spellings at once, rejects."""
+        at = self.row.groups.index(KEY_GROUP)
+        converters = {index: to for index, _, to in self._columns}
+        spellings = [index for index in range(len(self.row.groups)) if index != at]
+        members: dict[str, Any] = {}
+        for number, values in enumerate(table, first + 1):
+            key = values[at]
+            if key is None:
+                continue
+            if key in members:
+                raise EvidenceError("extract", "duplicate_key", f"line {number}: {key}")
+            spelled = [index for index in spellings if values[index] is not None]
+            if len(spelled) != 1:
+                if spelled:
+                    raise EvidenceError("extract", "ambiguous_value", f"line {number}: {key}")
+                members[key] = None
+                continue
+            raw = values[spelled[0]]
+            to = converters.get(spelled[0])
+            try:
+                members[key] = raw if to is None else to(raw)
+            except ValueError as exc:
+                name = self.row.groups[spelled[0]]
+                kind = self.types[name]
+                raise EvidenceError(
+                    "extract", "bad_type", f"line {number}: {name}: not {kind}"
+                ) from exc
+        return members
 
     def _typed_rows(self, table: list[list[Any]], first: int) -> list[dict[str, Any]]:
         """Rows as objects, each typed column converted at once (column by column)."""

@@ -31,6 +31,7 @@ from sshadapter.contract.commandfile import CommandFile, parse_command_file, rea
 from sshadapter.contract.exitstatus import ByStderr, ExitCodes, ExitMeaning
 from sshadapter.contract.extract import (
     DEFAULT_MAX_ROWS,
+    KEY_GROUP,
     JsonFormat,
     JsonlFormat,
     KvFormat,
@@ -416,6 +417,8 @@ def _check_extracted_fields(
     if isinstance(parser, RegexFormat):
         key, fields, row = "output.pattern", parser.pattern.groups, schema.contents
     elif isinstance(parser, LinesFormat):
+        if out.shape == "keyed":
+            return  # its members are named by the output, and the schema bounds their names
         key, fields = "output.row", parser.row.groups
         row = schema.contents if out.shape == "one" else _rows_item(schema.contents)
     elif isinstance(parser, KvFormat):
@@ -507,6 +510,12 @@ def _build_parser(file: str, spec: CommandFile) -> OutputFormat:
         assert out.row is not None and out.shape is not None  # by OutputSection
         row = compile_("row", out.row)
         check_types(row.groups)
+        if out.shape == "keyed" and (KEY_GROUP not in row.groups or len(row.groups) < 2):
+            raise ConfigError(
+                file,
+                "output.row",
+                f"shape 'keyed' needs a group named {KEY_GROUP!r} and at least one value group",
+            )
         header = tuple(compile_(f"header[{i}]", h) for i, h in enumerate(out.header))
         max_rows = out.max_rows or (1 if out.shape == "one" else DEFAULT_MAX_ROWS)
         return LinesFormat(out.max_bytes, header, row, out.shape, max_rows, out.types)

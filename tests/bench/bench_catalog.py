@@ -1,0 +1,146 @@
+"""Issue 29: what judging costs for each catalog operation, beside ``orjson.loads``.
+
+Run: ``python tests/bench/bench_catalog.py`` (about 30 s; ``--budget S``). A benchmark,
+not a test: it exits 0 and prints figures (the issue asks for them, it sets no target).
+
+Every operation under ``sshadapter/catalog/<family>/`` (found there, so operations added
+to any family are measured too), loaded with the shared ``sshadapter/catalog/schemas/``
+as the daemon loads a family. For each, its largest accepted fixture: a real output,
+since every accepted catalog fixture is one (PROVENANCE.md beside it). Judging is what
+the daemon does with a successful call's bytes (bench_offline.py's ``stage``):
+``evaluate`` (stages 6-10) + ``seal`` + ``orjson.dumps``, with the fixture's arguments.
+The floor is ``orjson.loads`` of an equivalent JSON document: for a ``json`` or
+``jsonl`` operation the same bytes, for a text extractor the value it extracts, as
+JSON. Both are timed in the same run, interleaved and shuffled call by call
+(bench_offline.run_interleaved: medians of thread CPU time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+ROOT: Final = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run from a checkout
+sys.path.insert(0, str(ROOT / "tests" / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from bench_offline import REQUEST_ID, run_interleaved  # noqa: E402
+from harness import loadavg, machine  # noqa: E402
+
+from sshadapter.check.fixtures import Fixture, load_fixtures  # noqa: E402
+from sshadapter.contract.evaluate import evaluate, seal  # noqa: E402
+from sshadapter.contract.registry import Operation, load_registry  # noqa: E402
+from sshadapter.runners.interface import RunResult  # noqa: E402
+
+CATALOG: Final = ROOT / "sshadapter" / "catalog"
+SCHEMAS: Final = CATALOG / "schemas"
+BUDGET_S: Final = 30.0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One operation's largest accepted fixture and its floor document."""
+
+    family: str
+    op: Operation
+    fixture: Fixture
+    floor_input: bytes
+    """The equivalent JSON document ``orjson.loads`` parses."""
+
+
+def families() -> list[Path]:
+    """Every family directory of the catalog: a directory with command files."""
+    return sorted(d for d in CATALOG.iterdir() if d.is_dir() and any(d.glob("*.toml")))
+
+
+def largest_accepted(op: Operation) -> Fixture | None:
+    """The accepted fixture with the most stdout bytes (None: the operation has none)."""
+    accepted = [f for f in load_fixtures(op) if f.expect["outcome"] == "success"]
+    return max(accepted, key=lambda f: (len(f.stdout), f.case), default=None)
+
+
+def equivalent_json(op: Operation, stdout: bytes) -> bytes:
+    """The same facts as one JSON document: the bytes themselves for JSON formats, else the
+    value the text extractor makes of them."""
+    if op.spec.output.format in ("json", "jsonl"):
+        return stdout if op.spec.output.format == "json" else orjson.dumps(op.parser.parse(stdout))
+    return orjson.dumps(op.parser.parse(stdout))
+
+
+def judge(op: Operation, fixture: Fixture) -> bytes:
+    """What the daemon does with the bytes of a successful call: stages 6-10, seal, serialize."""
+    run = RunResult(fixture.stdout, fixture.stderr, fixture.exit_status)
+    sealed = seal(op, REQUEST_ID, evaluate(op, fixture.args, run, fixture.now))
+    if sealed["outcome"] != "success":  # the fixture is accepted by check: a broken tree
+        raise SystemExit(f"{op.name}/{fixture.case}: not accepted ({sealed['error']['code']})")
+    return orjson.dumps(sealed)
+
+
+def cases() -> list[Case]:
+    found = []
+    for family in families():
+        registry = load_registry(family, SCHEMAS, hosts=None)
+        for name in sorted(registry.operations):
+            op = registry.operations[name]
+            fixture = largest_accepted(op)
+            if fixture is None:
+                print(f"  {family.name}/{name}: no accepted fixture, not measured")
+                continue
+            found.append(Case(family.name, op, fixture, equivalent_json(op, fixture.stdout)))
+    return found
+
+
+def measure(found: list[Case], budget_s: float) -> dict[tuple[str, str], float]:
+    timed: dict[tuple[str, str], Any] = {}
+    for case in found:
+        timed[(case.op.name, "judge")] = partial(judge, case.op, case.fixture)
+        timed[(case.op.name, "floor")] = partial(orjson.loads, case.floor_input)
+    return run_interleaved(timed, budget_s)
+
+
+def print_table(found: list[Case], medians: dict[tuple[str, str], float]) -> None:
+    head = ("family", "operation", "fixture", "format", "stdout B", "json B", "judge µs")
+    print(
+        f"\n  {head[0]:<9} {head[1]:<16} {head[2]:<20} {head[3]:<6} {head[4]:>9} {head[5]:>8}"
+        f" {head[6]:>9} {'orjson.loads µs':>16} {'ratio':>7}"
+    )
+    ratios = []
+    for case in found:
+        judge_us = medians[(case.op.name, "judge")] / 1000
+        floor_us = medians[(case.op.name, "floor")] / 1000
+        ratios.append(judge_us / floor_us)
+        print(
+            f"  {case.family:<9} {case.op.name:<16} {case.fixture.case:<20} "
+            f"{case.op.spec.output.format:<6} {len(case.fixture.stdout):>9} "
+            f"{len(case.floor_input):>8} {judge_us:>9.1f} {floor_us:>16.2f} {ratios[-1]:>7.1f}"
+        )
+    if ratios:
+        ordered = sorted(ratios)
+        print(
+            f"\n  {len(ratios)} operations; ratio judge / orjson.loads: min {ordered[0]:.1f}, "
+            f"median {ordered[len(ordered) // 2]:.1f}, max {ordered[-1]:.1f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds of timing")
+    args = parser.parse_args()
+    print(f"sshadapter catalog judging, {machine()}")
+    print(f"load average at start: {loadavg()}", flush=True)
+    found = cases()
+    medians = measure(found, args.budget)
+    print_table(found, medians)
+    print(f"\nload average at end: {loadavg()}")
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)  # a benchmark: figures are printed, never the exit status

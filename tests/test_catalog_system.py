@@ -1,0 +1,117 @@
+"""The system family of the catalog on real files of other systems (../shared/catalog/corpus).
+
+Each legitimate file is accepted with exactly the data a person reads from it, worked out
+here by a plain reading of the file (shlex for os-release's shell quoting, split() for
+numbers), and every near-miss `sshadapter check` derives from it is refused.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Final
+
+import pytest
+from catalog_corpus import (
+    accepted,
+    catalog,
+    check_misses,
+    corpus_file,
+    corpus_ids,
+    judged,
+    lines_starting,
+    near_misses_refused,
+    provenance_gaps,
+)
+
+from sshadapter.contract.registry import Registry
+
+OS_RELEASE_SHOWN: Final = (
+    "ID",
+    "ID_LIKE",
+    "NAME",
+    "VERSION",
+    "VERSION_ID",
+    "VERSION_CODENAME",
+    "PRETTY_NAME",
+    "VARIANT_ID",
+    "BUILD_ID",
+)
+
+
+@pytest.fixture(scope="module")
+def system() -> Registry:
+    return catalog("system")
+
+
+def read_os_release(data: bytes) -> dict[str, Any]:
+    """What a shell reading the file would assign, for the keys the operation shows."""
+    values = {}
+    for line in data.decode().splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            values[key] = "".join(shlex.split(value))
+    return {key: values[key] for key in OS_RELEASE_SHOWN if key in values}
+
+
+@pytest.mark.parametrize("file_id", corpus_ids("os_release"))
+def test_os_release_of_every_distribution_is_read_as_a_shell_would(
+    system: Registry, file_id: str
+) -> None:
+    """Blank lines, comments, quoted and bare values, vendor keys: the unquoted values, shown."""
+    data = corpus_file("os_release", file_id).data
+    op = system.operations["os_release"]
+    assert accepted(op, data) == read_os_release(data)
+    near_misses_refused(op, data)
+
+
+def test_os_release_keeps_what_the_vendor_wrote() -> None:
+    """openEuler's capital ID and Fedora's empty VERSION_CODENAME are shown as written."""
+    op = catalog("system").operations["os_release"]
+    assert accepted(op, corpus_file("os_release", "gosysinfo_openeuler20_03").data)["ID"] == (
+        "openEuler"
+    )
+    fedora = accepted(op, corpus_file("os_release", "gosysinfo_fedora30").data)
+    assert (fedora["VERSION_CODENAME"], fedora["VARIANT_ID"]) == ("", "container")
+    suse = accepted(op, corpus_file("os_release", "gosysinfo_opensuse_tumbleweed").data)
+    assert "VERSION" not in suse  # commented out in the file: absent, not the comment's value
+
+
+@pytest.mark.parametrize("file_id", corpus_ids("proc_uptime"))
+def test_uptime_is_the_first_number(system: Registry, file_id: str) -> None:
+    """Seconds since boot, as the file says them; the idle sum is not shown."""
+    data = corpus_file("proc_uptime", file_id).data
+    op = system.operations["uptime"]
+    assert accepted(op, data) == {"uptime_seconds": float(data.split()[0])}
+    near_misses_refused(op, data)
+
+
+@pytest.mark.parametrize("file_id", corpus_ids("proc_stat"))
+def test_boot_time_is_the_btime_line(system: Registry, file_id: str) -> None:
+    """What grep '^btime ' prints from each /proc/stat: its number, 0 included (no clock)."""
+    stdout = lines_starting(corpus_file("proc_stat", file_id).data, b"btime ")
+    op = system.operations["boot_time"]
+    assert accepted(op, stdout) == {"boot_time": int(stdout.split()[1])}
+    near_misses_refused(op, stdout)
+
+
+@pytest.mark.parametrize("file_id", corpus_ids("proc_version"))
+def test_kernel_release_refuses_the_proc_version_line(system: Registry, file_id: str) -> None:
+    """/proc/version is another file: its line (build host, compiler) is never a release."""
+    verdict, _ = judged(
+        system.operations["kernel_release"], corpus_file("proc_version", file_id).data
+    )
+    assert (verdict.code, verdict.stage, verdict.reason) == (
+        "INVALID_RESPONSE",
+        "extract",
+        "unmatched_line",
+    )
+
+
+def test_the_system_fixtures_pass_check() -> None:
+    """`sshadapter check` on the shipped fixtures: each as declared, every near-miss refused."""
+    assert check_misses("system") == []
+
+
+def test_every_system_fixture_says_where_it_came_from() -> None:
+    """PROVENANCE.md in the catalog's format beside each fixtures directory, naming every case."""
+    assert provenance_gaps("system") == []
