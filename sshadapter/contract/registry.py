@@ -321,6 +321,8 @@ def _catalog_operation(
         )
     except ConfigError as exc:
         key, _, rest = exc.key.partition(".")
+        if key == "run_as":  # its hosts are the configured targets: they lack the dispatcher
+            key = "targets"
         if key not in entry.overrides:
             raise
         if key == "params":  # a listed parameter: the list it came from
