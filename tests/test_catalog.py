@@ -225,8 +225,9 @@ def test_a_name_in_commands_and_in_the_catalog_names_both_files(tmp_path: Path) 
 def test_the_config_replaces_targets_allow_and_leaves_out_what_it_excludes(
     tmp_path: Path,
 ) -> None:
-    """[catalog.<family>] targets, allow, exclude and the closed set reach the Operation; the
-    audit's command_sha256 covers the file and what the config changed."""
+    """[catalog.<family>] targets, allow, exclude and the closed set reach the Operation.
+
+    The audit's command_sha256 covers the file and what the config changed."""
     config_path = write_config(
         tmp_path,
         ALL_ON.replace(
@@ -265,9 +266,11 @@ def test_no_family_is_loaded_unless_the_config_names_it(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("path", catalog_operation_files(), ids=lambda p: p.stem)
 def test_each_catalog_file_keeps_the_layout(path: Path) -> None:
-    """Read-only files: targets ["all"], read_only, idempotent, bounded; actions: approval,
-    root, absolute program, no fan-out; each with fixtures and a PROVENANCE.md that says
-    where they are proven (docs/fixtures.md "Catalog cases")."""
+    """Each catalog file keeps the layout, with fixtures and a PROVENANCE.md.
+
+    Read-only files: targets ["all"], read_only, idempotent; actions: approval, root, an
+    absolute program, no fan-out; the PROVENANCE.md says where they are proven
+    (docs/fixtures.md "Catalog cases")."""
     spec = parse_command_file(path, read_command_bytes(path))
     assert path.parent.name in CATALOG_FAMILIES
     if path.parent.name == "actions":
@@ -318,7 +321,9 @@ def with_actions(tmp_path: Path, socket_dir: Path, runner: ScriptedRunner, body:
 def test_an_action_runs_only_approved_on_one_host_for_a_listed_unit(
     tmp_path: Path, socket_dir: Path
 ) -> None:
-    """An unlisted unit and a group are refused at once; a listed unit waits for the person,
+    """An action runs once, approved, on one host, for a listed unit; else nothing runs.
+
+    An unlisted unit and a group are refused at once; a listed unit waits for the person,
     who sees the exact sudo command; approved, it runs once; denied, nothing runs."""
     runner = ScriptedRunner({RESTART: RunResult(b"", b"", 0)})
 

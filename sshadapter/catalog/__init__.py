@@ -1,12 +1,13 @@
 """The shipped catalog: command files an operator switches on by family, never copies.
 
-Reference: docs/operations.md "Switching the catalog on" and docs/catalog.md. ``sshadapter/catalog/<family>/``
-holds each family's command files and fixtures, ``sshadapter/catalog/schemas/`` their
-schemas (package data, shipped in the wheel). ``[catalog] families`` in the config names
-the families that load; ``read_catalog`` reads their files with what the config replaces
-in each (``[catalog.<family>]``: targets, allow; the closed sets an operator lists:
-units for the actions, certificate paths for cert_expiry), and the registry loads them
-beside the operator's own commands/, one loading path for both.
+Reference: docs/operations.md "Switching the catalog on" and docs/catalog.md.
+``sshadapter/catalog/<family>/`` holds each family's command files and fixtures,
+``sshadapter/catalog/schemas/`` their schemas (package data, shipped in the wheel).
+``[catalog] families`` in the config names the families that load; ``read_catalog``
+reads their files with what the config replaces in each (``[catalog.<family>]``:
+targets, allow; the closed sets an operator lists: units for the actions, certificate
+paths for cert_expiry), and the registry loads them beside the operator's own
+commands/, one loading path for both.
 """
 
 from __future__ import annotations

@@ -28,8 +28,11 @@ PROVEN_PREFIX: Final = "Proven on: "
 MAX_PROVENANCE_BYTES: Final = 256 * 1024  # a table of fixtures and their sources
 MAX_DOC_SCHEMA_BYTES: Final = 1024 * 1024  # as schemas.MAX_SCHEMA_BYTES
 # Programs that answer only from a running systemd (PID 1 and its bus): on a host without
-# one, the operation's documented failure, never a value.
-SYSTEMD_PROGRAMS: Final = frozenset({"systemctl", "journalctl", "timedatectl", "loginctl"})
+# one, the operation's documented failure, never a value. (journalctl reads the journal's
+# files, not the bus.)
+SYSTEMD_PROGRAMS: Final = frozenset(
+    {"systemctl", "timedatectl", "loginctl", "hostnamectl", "busctl", "networkctl"}
+)
 # Schema keywords shown as a field's bounds, in this order.
 BOUND_KEYWORDS: Final = (
     "enum",
@@ -143,9 +146,9 @@ def _bounds(node: Mapping[str, Any]) -> str:
 
 
 def _needs(spec: CommandFile) -> str:
-    program = _program(spec.argv)
-    needs = [f"`{program}`"]
-    if program in SYSTEMD_PROGRAMS:
+    program_name = program(spec.argv)
+    needs = [f"`{program_name}`"]
+    if program_name in SYSTEMD_PROGRAMS:
         needs.append("a running systemd")
     if spec.run_as is not None:
         needs.append(f"`run_as = {spec.run_as!r}`: a dispatch host and its sudoers rule")
@@ -154,7 +157,7 @@ def _needs(spec: CommandFile) -> str:
     return "; ".join(needs)
 
 
-def _program(argv: tuple[str, ...]) -> str:
+def program(argv: tuple[str, ...]) -> str:
     """The program run: after `env` and its NAME=value assignments, if any."""
     rest = list(argv[1:]) if argv[0] == "env" else list(argv)
     while rest and "=" in rest[0] and not rest[0].startswith("{"):
