@@ -10,8 +10,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -22,7 +20,7 @@ from test_approvals import APPROVER, ask_as, pending
 from test_cli import run_cli
 from test_root_operations import require_sudo, sudoers_cli
 
-from sshadapter.catalog import CATALOG_DIR, catalog_operation_files, read_catalog
+from sshadapter.catalog import CATALOG_DIR, catalog_operation_files
 from sshadapter.check.catalog_doc import PROVEN_PREFIX, markdown
 from sshadapter.config import (
     CATALOG_FAMILIES,
@@ -33,9 +31,7 @@ from sshadapter.config import (
     load_config,
 )
 from sshadapter.contract.commandfile import parse_command_file, read_command_bytes
-from sshadapter.contract.registry import load_registry
-from sshadapter.dispatch import policy
-from sshadapter.inventory import load_inventory
+from sshadapter.daemon.server import load
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 
@@ -236,16 +232,7 @@ def test_the_config_replaces_targets_allow_and_leaves_out_what_it_excludes(
         ),
     )
     config, _ = load_config(config_path)
-    inventory = load_inventory(config)
-    registry = load_registry(
-        config.paths.commands,
-        config.paths.schemas,
-        hosts=config.hosts.keys(),
-        groups=inventory.groups.keys(),
-        dispatch_hosts=policy.dispatch_hosts(config),
-        dispatch_groups=policy.dispatch_groups(config, inventory),
-        catalog=read_catalog(config.catalog, str(config_path)),
-    )
+    registry = load(config, str(config_path)).registry
     assert "reload_unit" not in registry.operations
     restart = registry.operations["restart_unit"]
     assert restart.spec.targets == ("web",) and restart.spec.allow is not None
@@ -286,17 +273,6 @@ def test_each_catalog_file_keeps_the_layout(path: Path) -> None:
 
 
 # The actions, through the socket: a person decides ------------------------------------
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    """A directory the approver's uid can reach (pytest's tmp_path is root's alone)."""
-    path = Path(tempfile.mkdtemp(prefix="sshadapter-catalog-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def with_actions(tmp_path: Path, socket_dir: Path, runner: ScriptedRunner, body: Any) -> None:

@@ -22,7 +22,8 @@ from typing import Any, Final
 
 import pytest
 from sshd import Sshd, running_sshd
-from test_integration import notifications
+from test_integration import cli, notifications
+from test_integration import write_config as integration_config
 
 from sshadapter.catalog import LISTED_PARAMETERS, catalog_operation_files, listed_parameters
 from sshadapter.check.catalog_doc import SYSTEMD_PROGRAMS, program
@@ -30,7 +31,6 @@ from sshadapter.config import MUTATING_FAMILY
 from sshadapter.contract.commandfile import CommandFile, parse_command_file, read_command_bytes
 
 ROOT: Final = Path(__file__).resolve().parents[1]
-CALL_TIMEOUT_SECONDS: Final = 120  # one call: its own timeout_seconds is at most 90
 # Where systemd, as PID 1, says it runs (sd_booted(3)): absent in this container.
 SYSTEMD_RUNNING: Final = Path("/run/systemd/system").is_dir()
 # Where the actions are proved instead (they change the host).
@@ -71,43 +71,22 @@ def certificate(directory: Path) -> Path:
 
 
 def write_config(directory: Path, sshd: Sshd, certificate_path: Path, exclude: str) -> Path:
-    """`[catalog] families = ["all"]` on host `local` (the test sshd); ``exclude``: TOML list
-    of maintenance operations left out."""
-    for name in ("commands", "schemas"):
-        (directory / name).mkdir(exist_ok=True)
+    """test_integration's configuration (host `local` on the test sshd) with `[catalog]
+    families = ["all"]`; ``exclude``: a TOML list of maintenance operations left out."""
     config = directory / "config.toml"
-    config.write_text(f"""\
-[server]
-socket_path = "{directory / "sshadapter.sock"}"
-allow = {{ uids = [{os.getuid()}] }}
-
-[paths]
-commands = "commands"
-schemas = "schemas"
-
-[audit]
-path = "{directory / "audit.jsonl"}"
-quarantine_dir = "{directory / "quarantine"}"
-
+    if not config.exists():
+        integration_config(directory, sshd)
+        config.write_text(config.read_text() + "\n[catalog]\n")
+    shared, _, _ = config.read_text().partition("\n[catalog]\n")
+    config.write_text(f"""{shared}
 [catalog]
 families = ["all"]
 
 [catalog.maintenance]
 certificate_paths = ["{certificate_path}"]
 exclude = {exclude}
-
-{sshd.host_toml("local")}""")
+""")
     return config
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sshadapter.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=CALL_TIMEOUT_SECONDS,
-    )
 
 
 def first_accepted_args(path: Path) -> dict[str, Any]:
