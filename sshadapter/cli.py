@@ -97,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.set_defaults(handler=_cmd_check)
 
+    catalog = sub.add_parser(
+        "catalog",
+        help="print docs/catalog.md: the shipped catalog's operations, fields and proofs",
+    )
+    catalog.set_defaults(handler=_cmd_catalog)
+
     serve = sub.add_parser("serve", help="run the daemon")
     _add_config(serve)
     serve.add_argument(
@@ -427,6 +433,13 @@ def _add_socket(parser: argparse.ArgumentParser) -> None:
         default=client.DEFAULT_SOCKET,
         help=f"the daemon's socket (default {client.DEFAULT_SOCKET})",
     )
+
+
+def _cmd_catalog(args: argparse.Namespace) -> int:
+    from sshadapter.check.catalog_doc import markdown
+
+    sys.stdout.write(markdown())
+    return EXIT_OK
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -810,6 +823,7 @@ def _load_with_path(
     ``also_dispatch``: a host alias whose policy is wanted before it is marked `dispatch`
     (a group's name adds nothing: its policy is built apart, ``policy.group_policy``).
     """
+    from sshadapter.catalog import read_catalog
     from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
     from sshadapter.contract.registry import load_registry
     from sshadapter.dispatch import policy
@@ -836,6 +850,7 @@ def _load_with_path(
         dispatch_hosts=dispatch_hosts,
         groups=inventory.groups.keys(),
         dispatch_groups=policy.dispatch_groups(config, inventory),
+        catalog=read_catalog(config.catalog, str(path or "<defaults>")),
     )
     if path is not None:
         from sshadapter.daemon.server import check_grants

@@ -16,6 +16,7 @@ from sshadapter.config import (
     Allow,
     ApprovalsSection,
     AuditSection,
+    CatalogSection,
     Config,
     Grant,
     GroupSection,
@@ -109,6 +110,7 @@ def with_daemon(
     grants: tuple[Grant, ...] = (),
     pool: PoolSection | None = None,
     approvals: ApprovalsSection | None = None,
+    catalog: CatalogSection | None = None,
     **server: Any,
 ) -> None:
     """Start a daemon, run ``body`` against it, stop it (draining), all in one event loop.
@@ -118,7 +120,7 @@ def with_daemon(
     ``dispatch_hosts`` are `dispatch = true`; ``dispatch_clock`` is their policy monitor's;
     ``pool`` is the `[pool]` section (`warm` hosts are connected, and checked, at start);
     ``groups`` and ``grants`` are the configuration's `[groups]` and `[[grants]]`;
-    ``approvals`` its `[approvals]`.
+    ``approvals`` its `[approvals]`, ``catalog`` its `[catalog]`.
     """
 
     commands = commands or shipped_commands(tmp_path)
@@ -155,6 +157,7 @@ def with_daemon(
             groups=dict(groups or {}),
             grants=grants,
             approvals=approvals or ApprovalsSection(),
+            catalog=catalog or CatalogSection(),
         )
         use = None if ssh else runner or job_runner()
         daemon = assemble(

@@ -10,8 +10,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -66,17 +64,6 @@ while not out.endswith(b"\\n"):
     out += chunk
 sys.stdout.write(out.decode())
 """
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    """A directory the approver's uid can reach (pytest's tmp_path is root's alone)."""
-    path = Path(tempfile.mkdtemp(prefix="sshadapter-approve-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def approval_commands(

@@ -111,6 +111,20 @@ def test_check_json_lists_fixtures_and_near_misses() -> None:
     assert all(r["rejection"] is not None for r in near_misses)
 
 
+def test_a_field_the_schema_allows_to_be_null_gets_no_null_near_miss(examples: Path) -> None:
+    """A `["string", "null"]` field: null is accepted, so `check` derives no null miss for it."""
+
+    def nullable(schema: Any) -> None:
+        schema["properties"]["revision"]["type"] = ["string", "null"]
+
+    edit_json(examples / "schemas" / "deploy_status.v1.json", nullable)
+    done = run_cli("check", "--json", cwd=examples)
+    assert done.returncode == 0, done.stdout + done.stderr
+    kinds = {(row["tool"], row["kind"]) for row in json.loads(done.stdout)}
+    assert ("deploy_status", "null:/revision") not in kinds
+    assert ("deploy_status", "null:/state") in kinds  # the schema still refuses null there
+
+
 def test_check_reports_a_changed_expectation_as_a_miss(examples: Path) -> None:
     """An accepted fixture whose expected data no longer matches makes check exit 1 with MISS."""
     case = examples / "commands" / "job_run_status.fixtures" / "failed_recent.case.json"

@@ -34,6 +34,7 @@ LEAVES = frozenset(
         ".shown",
         ".safe_write",
         ".pacing",
+        ".catalog",
     )
 )
 # What each part may import besides itself and the leaves. The seam's value type

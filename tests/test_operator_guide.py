@@ -419,6 +419,9 @@ def test_the_guide_from_adding_a_host_to_reading_the_audit(walk: Walkthrough) ->
     assert _lines(walk.run("inventory")) == _lines(walk.output("inventory"))
     walk.write("/etc/sshadapter/commands/kernel_release.toml")
     walk.write("/etc/sshadapter/schemas/kernel_release.v1.json")
+    for case in ("debian12", "two_lines"):
+        for suffix in ("stdout", "case.json"):
+            walk.write(f"/etc/sshadapter/commands/kernel_release.fixtures/{case}.{suffix}")
     walk.run("fleet-policies")
     policies = {h: json.loads((walk.work / f"{h}.policy.json").read_text()) for h in HOSTS}
     assert [sorted(p["operations"]) for p in policies.values()] == [
@@ -678,6 +681,11 @@ def root_operation_with_approval(walk: Walkthrough, config: Path, drop_in: Path)
     walk.run("approvals-config")
     walk.write("/etc/sshadapter/commands/whoami_root.toml")
     walk.write("/etc/sshadapter/schemas/whoami_root.v1.json")
+    for case in ("root", "not_root"):
+        for suffix in ("stdout", "case.json"):
+            walk.write(f"/etc/sshadapter/commands/whoami_root.fixtures/{case}.{suffix}")
+    # Following the guide leaves `check` green: every operation has fixtures, all rows ok.
+    assert _lines(walk.run("check-all")) == _lines(walk.output("check-all"))
     try:
         printed = walk.run("sudoers")
         # The guide's account is sshadapter, the walk's the test's: another namespace.

@@ -126,6 +126,11 @@ def test_the_wheel_and_sdist_carry_the_code_examples_and_license(built: Built) -
     assert modules <= names
     assert {f"sshadapter/examples/{name}" for name in _shipped(built.tracked)} <= names
     assert "sshadapter/examples/commands/load_average.fixtures/current.stdout" in names
+    # The catalog loads from the installed package: its files, fixtures and schemas.
+    catalog = {name for name in built.tracked if name.startswith("sshadapter/catalog/")}
+    assert any(name.endswith("/PROVENANCE.md") for name in catalog)
+    assert any(name.startswith("sshadapter/catalog/schemas/") for name in catalog)
+    assert catalog <= names
     assert f"{info}/licenses/LICENSE" in names
     assert metadata["License-Expression"] == "MIT"
     assert "MIT License" in (ROOT / "LICENSE").read_text()

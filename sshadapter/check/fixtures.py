@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from sshadapter.bounded_read import read_bounded
+from sshadapter.catalog import listed_parameters
 from sshadapter.contract.codes import CODES
 from sshadapter.contract.commandfile import MAX_OUTPUT_BYTES
 from sshadapter.contract.registry import Operation
@@ -83,6 +84,7 @@ def _load_case(op: Operation, path: Path) -> Fixture:
     args = spec.get("args", {})
     if not isinstance(args, dict):
         raise ConfigError(file, "args", "must be an object")
+    args = _listed_values(op, args)
     _check_args(op, file, args)
     exit_status = spec.get("exit_status", 0)
     if type(exit_status) is not int or not 0 <= exit_status <= 255:
@@ -101,6 +103,18 @@ def _load_case(op: Operation, path: Path) -> Fixture:
     stderr_path = path.with_name(f"{case}.stderr")  # optional: absent is empty
     stderr = read_bounded(stderr_path, MAX_RECORDED_BYTES) if os.path.lexists(stderr_path) else b""
     return Fixture(op.name, case, stdout, stderr, exit_status, args, now, expect)
+
+
+def _listed_values(op: Operation, args: dict[str, Any]) -> dict[str, Any]:
+    """A catalog case's argument for a parameter whose values the config lists (a unit, a
+    certificate path: docs/fixtures.md "Catalog cases") becomes the first listed value: the
+    shipped case cannot know the operator's list, and its output does not depend on it."""
+    listed = {
+        name: op.params_schema["properties"][name]["enum"][0]
+        for name in listed_parameters(op.file)
+        if name in args and "enum" in op.params_schema["properties"].get(name, {})
+    }
+    return {**args, **listed}
 
 
 def _check_args(op: Operation, file: str, args: Mapping[str, Any]) -> None:

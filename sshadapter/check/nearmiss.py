@@ -2,7 +2,7 @@
 
 From every accepted fixture ``sshadapter check`` derives the cases the article
 lists (docs/fixtures.md "Near-misses"): an extra property in each object,
-``null`` for each field, each member duplicated in the raw text, an array
+``null`` for each field whose schema refuses null, each member duplicated in the raw text, an array
 around the whole, over-long strings, a banner line before, trailing text
 after, and an ``error`` object beside the data. Text formats get the ones that
 apply to lines. A near-miss that is accepted shows a hole in the contract.
@@ -34,13 +34,15 @@ def derive(op: Operation, stdout: bytes) -> list[NearMiss]:
     misses = [("banner", BANNER + stdout), ("trailing", _terminated(stdout) + TRAILING)]
     if fmt == "json":
         value = _loads(op, stdout)
-        misses += [(kind, _dump(v, dup)) for kind, v, dup in _value_misses(value)]
+        misses += [
+            (kind, _dump(v, dup)) for kind, v, dup in _value_misses(value) if _refused(op, kind, v)
+        ]
     elif fmt == "jsonl":
         rows = [_loads(op, line) for line in stdout.splitlines() if line.strip()]
         misses += [
             (kind, b"\n".join(_dump(r, dup) for r in v) + b"\n")
             for kind, v, dup in _value_misses(rows)
-            if kind != "array_around"
+            if kind != "array_around" and _refused(op, kind, v)
         ]
     else:
         lines = stdout.splitlines(keepends=True)
@@ -76,6 +78,13 @@ def _loads(op: Operation, raw: bytes) -> Any:
         )
     except StrictJSONError as exc:  # the fixture itself was accepted, so this is a bug
         raise ValueError(f"accepted fixture does not parse: {exc}") from exc
+
+
+def _refused(op: Operation, kind: str, value: Any) -> bool:
+    """Whether a ``null`` near-miss is one the schema refuses: a field it allows to be null
+    (``"type": ["string", "null"]``) is no miss there. Decided by the schema itself, so no
+    guess about its keywords; every other kind is refused by a rule of the contract."""
+    return not kind.startswith("null:") or not op.output_validator.is_valid(value)
 
 
 Dup = tuple[str, str] | None  # (object pointer, member name) to write twice

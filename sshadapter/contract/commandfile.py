@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
@@ -308,15 +309,22 @@ def read_command_bytes(path: Path) -> bytes:
     return read_bounded(path, MAX_COMMAND_FILE_BYTES)
 
 
-def parse_command_file(path: Path, raw: bytes) -> CommandFile:
-    """The parsed contents of the command file ``path`` whose bytes are ``raw``, or ConfigError."""
+def parse_command_file(
+    path: Path, raw: bytes, overrides: Mapping[str, Any] | None = None
+) -> CommandFile:
+    """The parsed contents of the command file ``path`` whose bytes are ``raw``, or ConfigError.
+
+    ``overrides``: what the configuration replaces in a catalog file (sshadapter/catalog/):
+    top-level keys, and under ``params`` keywords of a declared parameter (its ``enum``).
+    """
     file = str(path)
     try:
+        data = tomllib.loads(raw.decode("utf-8"))
+        if overrides:
+            data = _overridden(file, data, overrides)
         # Strict, through JSON: TOML has real types, so "yes" is no boolean, "5" no
         # number and 256.0 no integer; JSON mode still reads arrays as tuples.
-        spec = CommandFile.model_validate_json(
-            orjson.dumps(tomllib.loads(raw.decode("utf-8"))), strict=True
-        )
+        spec = CommandFile.model_validate_json(orjson.dumps(data), strict=True)
     except UnicodeDecodeError as exc:
         raise ConfigError(file, "", "not UTF-8") from exc
     except tomllib.TOMLDecodeError as exc:
@@ -333,3 +341,19 @@ def parse_command_file(path: Path, raw: bytes) -> CommandFile:
         )
         raise ConfigError(file, key, reason) from exc
     return spec
+
+
+def _overridden(file: str, data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with the top-level keys of ``overrides`` replaced and its ``params`` merged
+    into the parameters the file declares (one it does not declare is the file's error)."""
+    merged = {**data, **{k: v for k, v in overrides.items() if k != "params"}}
+    declared = data.get("params", {})
+    params = dict(declared) if isinstance(declared, dict) else {}
+    for name, keywords in overrides.get("params", {}).items():
+        if not isinstance(params.get(name), dict):
+            reason = "required: the configuration lists its values"
+            raise ConfigError(file, f"params.{name}", reason)
+        params[name] = {**params[name], **keywords}
+    if params:
+        merged["params"] = params
+    return merged

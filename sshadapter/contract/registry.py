@@ -17,7 +17,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Final, Literal
 
+import orjson
+
 from sshadapter import __version__
+from sshadapter.catalog import LISTED_PARAMETERS, NO_CATALOG, CatalogFile, CatalogSource
+from sshadapter.catalog import SCHEMAS_DIR as CATALOG_SCHEMAS_DIR
 from sshadapter.contract import envelope
 from sshadapter.contract.argv import ArgvElement, ArgvTemplate, parse_template
 from sshadapter.contract.codes import (
@@ -60,7 +64,7 @@ class Operation:
     name: str
     file: Path
     sha256: str
-    """Of the command file's bytes, for the audit record."""
+    """Of the command file's bytes (and, for a catalog file, the config's changes to it)."""
     spec: CommandFile
     argv: ArgvTemplate
     exit_codes: ExitCodes
@@ -187,6 +191,8 @@ class RegistrySource:
     policies from the registry (docs/dispatcher.md)."""
     dispatch_groups: frozenset[str] = frozenset()
     """Groups with at least one dispatch host among their members."""
+    catalog: CatalogSource = NO_CATALOG
+    """The catalog families the configuration enables (sshadapter/catalog/), read once."""
 
     @classmethod
     def read(
@@ -195,6 +201,7 @@ class RegistrySource:
         schemas_dir: Path,
         dispatch_hosts: Collection[str] = (),
         dispatch_groups: Collection[str] = (),
+        catalog: CatalogSource = NO_CATALOG,
     ) -> RegistrySource:
         if not commands_dir.is_dir():
             raise ConfigError(str(commands_dir), "", "commands directory does not exist")
@@ -207,6 +214,7 @@ class RegistrySource:
             schemas,
             frozenset(dispatch_hosts),
             frozenset(dispatch_groups),
+            catalog,
         )
 
     @property
@@ -221,6 +229,7 @@ class RegistrySource:
             h.update(f"dispatch/{alias}\0".encode())
         for group in sorted(self.dispatch_groups):
             h.update(f"dispatch-group/{group}\0".encode())
+        self.catalog.update(h)
         return h.hexdigest()
 
 
@@ -248,10 +257,14 @@ def load_registry(
     dispatch_hosts: Collection[str] = (),
     groups: Collection[str] = (),
     dispatch_groups: Collection[str] = (),
+    catalog: CatalogSource = NO_CATALOG,
 ) -> Registry:
-    """Load a whole directory or raise ConfigError; ``hosts=None`` skips the check that
-    each ``host`` and ``targets`` name is a host alias or (``groups``) a group."""
-    source = RegistrySource.read(commands_dir, schemas_dir, dispatch_hosts, dispatch_groups)
+    """Load a whole directory, and the enabled ``catalog``, or raise ConfigError;
+    ``hosts=None`` skips the check that each ``host`` and ``targets`` name is a host alias
+    or (``groups``) a group."""
+    source = RegistrySource.read(
+        commands_dir, schemas_dir, dispatch_hosts, dispatch_groups, catalog
+    )
     return build_registry(source, hosts=hosts, groups=groups)
 
 
@@ -275,7 +288,51 @@ def build_registry(
             dispatch_hosts=source.dispatch_hosts | source.dispatch_groups,
         )
         operations[operation.name] = operation
+    if source.catalog.files:
+        catalog_schemas = SchemaSet(CATALOG_SCHEMAS_DIR, source.catalog.schemas)
+        for entry in source.catalog.files:
+            operation = _catalog_operation(source, entry, catalog_schemas, hosts, groups)
+            other = operations.get(operation.name)
+            if other is not None:
+                raise ConfigError(
+                    str(other.file), "", f"{operation.name!r} is also the catalog's {entry.path}"
+                )
+            operations[operation.name] = operation
     return Registry(operations, schemas, source, f"sha256:{source.digest}")
+
+
+def _catalog_operation(
+    source: RegistrySource,
+    entry: CatalogFile,
+    schemas: SchemaSet,
+    hosts: Collection[str] | None,
+    groups: Collection[str],
+) -> Operation:
+    """A catalog file as an Operation; a mistake in what the config replaced in it is named
+    at the config's key (``catalog.<family>.targets``...), not in the shipped file."""
+    try:
+        return load_operation(
+            entry.path,
+            schemas,
+            hosts=hosts,
+            groups=groups,
+            raw=entry.raw,
+            dispatch_hosts=source.dispatch_hosts | source.dispatch_groups,
+            overrides=entry.overrides,
+        )
+    except ConfigError as exc:
+        key, _, rest = exc.key.partition(".")
+        if key == "run_as":  # its hosts are the configured targets: they lack the dispatcher
+            key = "targets"
+        if key not in entry.overrides:
+            raise
+        if key == "params":  # a listed parameter: the list it came from
+            key = LISTED_PARAMETERS.get((entry.family, rest.split(".", 1)[0]), key)
+        raise ConfigError(
+            source.catalog.config_file,
+            f"catalog.{entry.family}.{key}",
+            f"{entry.path.stem}: {exc.reason}",
+        ) from exc
 
 
 def load_operation(
@@ -286,8 +343,10 @@ def load_operation(
     groups: Collection[str] = (),
     raw: bytes | None = None,
     dispatch_hosts: Collection[str] = (),
+    overrides: Mapping[str, Any] | None = None,
 ) -> Operation:
-    """One command file (``raw``: its bytes, when already read) as an Operation."""
+    """One command file (``raw``: its bytes, when already read) as an Operation;
+    ``overrides``: what the configuration replaces in a catalog file."""
     file = str(path)
     name = path.stem
     if not TOOL_NAME.fullmatch(name):
@@ -300,7 +359,7 @@ def load_operation(
         )
     if raw is None:
         raw = read_command_bytes(path)
-    spec = parse_command_file(path, raw)
+    spec = parse_command_file(path, raw, overrides)
     if hosts is not None and spec.host is not None and spec.host not in hosts:
         raise ConfigError(file, "host", f"no [hosts.{spec.host}] in the configuration")
     known = set() if hosts is None else {*hosts, *groups}
@@ -352,7 +411,7 @@ def load_operation(
     return Operation(
         name=name,
         file=path,
-        sha256=hashlib.sha256(raw).hexdigest(),
+        sha256=_sha256(raw, overrides),
         spec=spec,
         argv=argv,
         exit_codes=_exit_codes(file, spec),
@@ -376,6 +435,15 @@ def load_operation(
         dispatched=any(t in dispatch_hosts for t in (spec.host, *spec.targets) if t),
         root=root,
     )
+
+
+def _sha256(raw: bytes, overrides: Mapping[str, Any] | None) -> str:
+    """Of the command file's bytes; for a catalog file the config changes, of its bytes and
+    the changes (canonical JSON after a NUL): the audit names what actually ran."""
+    h = hashlib.sha256(raw)
+    if overrides:
+        h.update(b"\0" + orjson.dumps(overrides, option=orjson.OPT_SORT_KEYS))
+    return h.hexdigest()
 
 
 def _check_fields(file: str, spec: CommandFile, schema: LoadedSchema) -> None:

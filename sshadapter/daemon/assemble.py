@@ -103,7 +103,7 @@ def assemble(
     and the Daemon share them. Raises ConfigError naming the path and the reason when a
     file or directory cannot be used.
     """
-    loaded = load(config)
+    loaded = load(config, str(config_path or "<config>"))
     registry, policies = loaded.registry, loaded.policies
     warm = warm_aliases(config, loaded.inventory, str(config_path or "<config>"))
     metrics = Metrics()

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from sshadapter import __version__
+from sshadapter.catalog import read_catalog
 from sshadapter.config import Config, Grant, load_config
 from sshadapter.contract.registry import Registry, load_registry
 from sshadapter.daemon import systemd
@@ -253,7 +254,7 @@ class Daemon:
             if self.config_path is not None:  # groups and grants may have changed
                 config, _ = load_config(self.config_path)
                 _refuse_host_changes(self.config, config, self.config_path)
-            loaded = load(config)
+            loaded = load(config, str(self.config_path or "<config>"))
         except ConfigError as exc:
             log.error("reload refused, keeping %d tools: %s", len(self.service.tool_names), exc)
             self.metrics.reloads.labels("failure").inc()
@@ -469,9 +470,10 @@ class Loaded:
     grants: tuple[Grant, ...]
 
 
-def load(config: Config) -> Loaded:
-    """The configuration's inventory, registry, each dispatch host's policy and the grants,
-    or ConfigError: all or nothing, at start and at every reload."""
+def load(config: Config, config_file: str = "<config>") -> Loaded:
+    """The configuration's inventory, registry (its commands and the catalog families it
+    enables), each dispatch host's policy and the grants, or ConfigError (``config_file``
+    names the configuration): all or nothing, at start and at every reload."""
     inventory = load_inventory(config)
     registry = load_registry(
         config.paths.commands,
@@ -480,6 +482,7 @@ def load(config: Config) -> Loaded:
         groups=inventory.groups.keys(),
         dispatch_hosts=policy.dispatch_hosts(config),
         dispatch_groups=policy.dispatch_groups(config, inventory),
+        catalog=read_catalog(config.catalog, config_file),
     )
     check_grants(config, inventory, registry)
     check_approvers(config, registry)
