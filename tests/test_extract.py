@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sshadapter.contract.extract import JsonlFormat, KvFormat, LinesFormat, RegexFormat, convert
+from sshadapter.contract.extract import (
+    MAX_COUNT_KEYS,
+    JsonlFormat,
+    KvFormat,
+    LinesFormat,
+    RegexFormat,
+    convert,
+)
 from sshadapter.contract.linear_regex import compile_linear
 from sshadapter.errors import EvidenceError
 
@@ -181,3 +188,57 @@ def test_jsonl_bounds_rows_and_allows_an_empty_stream() -> None:
     fmt = JsonlFormat(4096, 8, 2)
     assert reason_of(fmt, b"1\n2\n3\n")[1] == "too_many_rows"
     assert fmt.parse(b"") == {"rows": []}
+
+
+STATE_ROW = compile_linear(r"^ *(?P<state>[A-Za-z])(?P<extra> x)?$")
+
+
+def counted(max_rows: int = 100) -> LinesFormat:
+    return LinesFormat(4096, (), STATE_ROW, "rows", max_rows, {}, "state")
+
+
+def test_count_by_counts_every_row_by_its_field() -> None:
+    """count_by turns matched rows into a total and a count per value of one field."""
+    assert counted().parse(b"S\nR\n S\nI\nS\n") == {
+        "total": 5,
+        "counts": {"S": 3, "R": 1, "I": 1},
+    }
+
+
+def test_count_by_still_accounts_for_every_line() -> None:
+    """A line the row pattern does not match rejects the whole count, as it would the rows."""
+    assert reason_of(counted(), b"S\nLast login: today\nR\n") == (
+        "extract",
+        "unmatched_line",
+        "line 2",
+    )
+    assert reason_of(counted(max_rows=2), b"S\nR\nS\n")[:2] == ("extract", "too_many_rows")
+
+
+def test_count_by_refuses_more_distinct_values_than_its_bound() -> None:
+    """More distinct values than MAX_COUNT_KEYS is no summary: the output is refused."""
+    row = compile_linear(r"^(?P<unit>[a-z0-9]+)$")
+    fmt = LinesFormat(10**6, (), row, "rows", 5000, {}, "unit")
+    many = b"".join(b"u%d\n" % i for i in range(MAX_COUNT_KEYS + 1))
+    assert reason_of(fmt, many)[:2] == ("extract", "too_many_count_keys")
+    assert fmt.parse(b"a\nb\na\n") == {"total": 3, "counts": {"a": 2, "b": 1}}
+
+
+def test_count_by_on_an_empty_table_is_zero_rows() -> None:
+    """An empty table after the header counts nothing: total 0 and no keys."""
+    header = compile_linear(r"^STATE$")
+    fmt = LinesFormat(4096, (header,), STATE_ROW, "rows", 10, {}, "state")
+    assert fmt.parse(b"STATE\n") == {"total": 0, "counts": {}}
+
+
+def test_count_by_with_no_output_is_a_count_of_nothing() -> None:
+    """Empty stdout and no header is zero rows counted; the schema decides if zero answers."""
+    assert counted().parse(b"") == {"total": 0, "counts": {}}
+
+
+def test_a_table_without_header_may_have_no_line_but_one_with_a_header_may_not() -> None:
+    """Empty stdout is zero rows for a headerless table; with a header it is refused (missing)."""
+    headerless = LinesFormat(4096, (), STATE_ROW, "rows", 10, {})
+    assert headerless.parse(b"") == {"rows": []}
+    assert reason_of(df("rows", 10), b"")[:2] == ("extract", "empty")
+    assert reason_of(df(), b"")[:2] == ("extract", "empty")

@@ -23,6 +23,9 @@ from sshadapter.strict_json import StrictJSONError, strict_loads
 FieldType = Literal["integer", "number", "boolean", "string"]
 
 DEFAULT_MAX_ROWS: Final = 1000  # rows a text table or jsonl stream may have unless declared
+# Distinct values a `count_by` column may take: a count is a handful of states, priorities
+# or unit names; more is no summary (the schema's maxProperties usually says fewer).
+MAX_COUNT_KEYS: Final = 1000
 
 # Strict conversions: the whole field must have the shape, no spaces, no '+', no '0x'.
 # (The project's own patterns below are deterministic: Python's `re` runs them in linear
@@ -112,6 +115,9 @@ class LinesFormat:
     shape: Literal["one", "rows"]
     max_rows: int
     types: Mapping[str, FieldType]
+    count_by: str | None = None
+    """With ``shape = "rows"``: the rows become ``{"total": N, "counts": {value: n}}``, counted
+    by this (string) field, so a count needs no tool on the host (docs/command-files.md)."""
     _columns: tuple[tuple[int, str, Converter], ...] = field(init=False, repr=False)
     """The row's typed groups, (index, name, converter), resolved once per operation."""
 
@@ -124,6 +130,10 @@ class LinesFormat:
         object.__setattr__(self, "_columns", columns)
 
     def parse(self, stdout: bytes) -> Any:
+        if not stdout and self.shape == "rows" and not self.header:
+            # A table without a header prints nothing when it has no row (systemctl
+            # --no-legend, journalctl -q): zero rows, as an empty jsonl stream.
+            return {"total": 0, "counts": {}} if self.count_by is not None else {"rows": []}
         text = _decode(stdout, self.max_bytes)
         raw_lines = _split_raw(stdout)
         # ASCII (almost every table): byte offsets are character offsets, so groups are
@@ -148,6 +158,8 @@ class LinesFormat:
             if len(table) == self.max_rows:
                 raise EvidenceError("extract", "too_many_rows", f"line {number}")
             table.append(values)
+        if self.count_by is not None:
+            return _counted(table, self.row.groups.index(self.count_by), first)
         rows = self._typed_rows(table, first)
         if self.shape == "rows":
             return {"rows": rows}
@@ -178,6 +190,19 @@ class LinesFormat:
             columns[index] = converted
         names = self.row.groups
         return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+
+
+def _counted(table: list[list[Any]], index: int, first: int) -> dict[str, Any]:
+    """``{"total": rows, "counts": {value: rows with it}}`` of the column ``index``."""
+    counts: dict[str, int] = {}
+    for offset, values in enumerate(table):
+        key = values[index]
+        if key is None:  # an optional group that did not match: nothing to count it under
+            raise EvidenceError("extract", "no_count_key", f"line {first + 1 + offset}")
+        counts[key] = counts.get(key, 0) + 1
+        if len(counts) > MAX_COUNT_KEYS:
+            raise EvidenceError("extract", "too_many_count_keys", f"line {first + 1 + offset}")
+    return {"total": len(table), "counts": counts}
 
 
 def convert_column(values: Sequence[str | None], kind: FieldType) -> Sequence[Any] | None:
