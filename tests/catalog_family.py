@@ -31,8 +31,11 @@ def family(name: str) -> Registry:
 
 def misses(registry: Registry) -> list[str]:
     """What `sshadapter check` reports as missed for the family: fixtures and near-misses."""
-    return [f"{row.tool}/{row.case}/{row.kind}: {row.why}" for row in check_registry(registry)
-            if not row.ok]
+    return [
+        f"{row.tool}/{row.case}/{row.kind}: {row.why}"
+        for row in check_registry(registry)
+        if not row.ok
+    ]
 
 
 def corpus_files(key: str) -> list[Path]:

@@ -54,4 +54,6 @@ def test_file_nr_of_this_machine_is_accepted(maintenance: Registry) -> None:
     """This host's own /proc/sys/fs/file-nr, read now, is accepted with its three numbers."""
     stdout = Path("/proc/sys/fs/file-nr").read_bytes()
     _, sealed = judged(maintenance, "file_descriptors", stdout)
-    assert sealed["data"] == dict(zip(("allocated", "unused", "max"), map(int, stdout.split()), strict=True))
+    assert sealed["data"] == dict(
+        zip(("allocated", "unused", "max"), map(int, stdout.split()), strict=True)
+    )
