@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Final
 
@@ -57,3 +58,12 @@ def test_file_nr_of_this_machine_is_accepted(maintenance: Registry) -> None:
     assert sealed["data"] == dict(
         zip(("allocated", "unused", "max"), map(int, stdout.split()), strict=True)
     )
+
+
+def test_pending_updates_of_this_machine_are_counted_by_suite(maintenance: Registry) -> None:
+    """apt on this machine, run now: every package counted once, under the suites it names."""
+    argv = ["env", "LC_ALL=C", "apt", "list", "--upgradable"]
+    stdout = subprocess.run(argv, capture_output=True, check=True).stdout
+    _, sealed = judged(maintenance, "pending_updates_apt", stdout)
+    data = sealed["data"]
+    assert data["total"] == len(stdout.splitlines()) - 1 == sum(data["counts"].values())
