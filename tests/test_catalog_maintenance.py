@@ -67,3 +67,11 @@ def test_pending_updates_of_this_machine_are_counted_by_suite(maintenance: Regis
     _, sealed = judged(maintenance, "pending_updates_apt", stdout)
     data = sealed["data"]
     assert data["total"] == len(stdout.splitlines()) - 1 == sum(data["counts"].values())
+
+
+def test_this_machine_flags_no_reboot(maintenance: Registry) -> None:
+    """find on this machine, run now, finds no flag file: total 0, a success, not a failure."""
+    argv = ["find", "/run", "-maxdepth", "1", "-name", "reboot-required", "-type", "f"]
+    stdout = subprocess.run(argv, capture_output=True, check=True).stdout
+    _, sealed = judged(maintenance, "reboot_required_apt", stdout)
+    assert sealed["data"] == {"total": 1 if Path("/run/reboot-required").is_file() else 0}
