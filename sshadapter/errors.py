@@ -73,7 +73,6 @@ EVIDENCE_REASONS: Final[dict[str, frozenset[str]]] = {
             "missing_header",
             "too_many_rows",
             "no_rows",
-            "no_count_key",
             "too_many_count_keys",
             "missing_key",
             "duplicate_key",

@@ -215,6 +215,14 @@ def test_count_by_still_accounts_for_every_line() -> None:
     assert reason_of(counted(max_rows=2), b"S\nR\nS\n")[:2] == ("extract", "too_many_rows")
 
 
+def test_count_by_counts_only_the_rows_that_have_the_field() -> None:
+    """A row matched by another alternative of the pattern is accounted for, not counted."""
+    row = compile_linear(r"^(?:(?P<verdict>yes|no)|  \* [a-z]+|)$")
+    fmt = LinesFormat(4096, (), row, "rows", 10, {}, "verdict")
+    assert fmt.parse(b"  * kernel\n\nyes\n") == {"total": 1, "counts": {"yes": 1}}
+    assert reason_of(fmt, b"  * kernel\nmaybe\n") == ("extract", "unmatched_line", "line 2")
+
+
 def test_count_by_refuses_more_distinct_values_than_its_bound() -> None:
     """More distinct values than MAX_COUNT_KEYS is no summary: the output is refused."""
     row = compile_linear(r"^(?P<unit>[a-z0-9]+)$")

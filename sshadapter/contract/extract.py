@@ -193,16 +193,22 @@ class LinesFormat:
 
 
 def _counted(table: list[list[Any]], index: int, first: int) -> dict[str, Any]:
-    """``{"total": rows, "counts": {value: rows with it}}`` of the column ``index``."""
+    """``{"total": rows counted, "counts": {value: rows with it}}`` of the column ``index``.
+
+    A row whose group did not take part (another alternative of `row` matched it) is
+    accounted for, as every line is, and not counted.
+    """
     counts: dict[str, int] = {}
+    total = 0
     for offset, values in enumerate(table):
         key = values[index]
-        if key is None:  # an optional group that did not match: nothing to count it under
-            raise EvidenceError("extract", "no_count_key", f"line {first + 1 + offset}")
+        if key is None:
+            continue
+        total += 1
         counts[key] = counts.get(key, 0) + 1
         if len(counts) > MAX_COUNT_KEYS:
             raise EvidenceError("extract", "too_many_count_keys", f"line {first + 1 + offset}")
-    return {"total": len(table), "counts": counts}
+    return {"total": total, "counts": counts}
 
 
 def convert_column(values: Sequence[str | None], kind: FieldType) -> Sequence[Any] | None:
