@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 from typing import Any, Final
 
@@ -24,8 +25,9 @@ CORPUS = find_shared(Path("catalog") / "corpus")
 NOW: Final = datetime(2026, 12, 5, 3, 0, tzinfo=UTC)
 
 
+@cache
 def family(name: str) -> Registry:
-    """The operations of one catalog family, with the catalog's shared schemas."""
+    """The operations of one catalog family, with the catalog's shared schemas (loaded once)."""
     return load_registry(CATALOG / name, CATALOG / "schemas", hosts=None)
 
 
