@@ -250,3 +250,10 @@ def test_a_table_without_header_may_have_no_line_but_one_with_a_header_may_not()
     assert headerless.parse(b"") == {"rows": []}
     assert reason_of(df("rows", 10), b"")[:2] == ("extract", "empty")
     assert reason_of(df(), b"")[:2] == ("extract", "empty")
+
+
+def test_count_by_matches_each_distinct_line_once_with_the_same_verdicts() -> None:
+    """Repeated lines are matched once; the line numbers of a refusal are still exact."""
+    assert counted(5).parse(b"S\nS\nS\nR\nS\n") == {"total": 5, "counts": {"S": 4, "R": 1}}
+    assert reason_of(counted(5), b"S\nS\nS\nR\nS\nS\n") == ("extract", "too_many_rows", "line 6")
+    assert reason_of(counted(5), b"S\nS\nS\nR\nS\nQQ\n") == ("extract", "unmatched_line", "line 6")

@@ -136,15 +136,17 @@ class LinesFormat:
             return {"total": 0, "counts": {}} if self.count_by is not None else {"rows": []}
         text = _decode(stdout, self.max_bytes)
         raw_lines = _split_raw(stdout)
+        for number, pattern in enumerate(self.header, 1):
+            if number > len(raw_lines) or not pattern.matches(raw_lines[number - 1]):
+                raise EvidenceError("extract", "missing_header", f"line {number}")
+        first = len(self.header)
+        if self.count_by is not None:
+            return self._counted(raw_lines, first)
         # ASCII (almost every table): byte offsets are character offsets, so groups are
         # sliced from the decoded lines instead of decoded one by one.
         text_lines: list[str] | list[None] = (
             _split_lines(text) if text.isascii() else [None] * len(raw_lines)
         )
-        for number, pattern in enumerate(self.header, 1):
-            if number > len(raw_lines) or not pattern.matches(raw_lines[number - 1]):
-                raise EvidenceError("extract", "missing_header", f"line {number}")
-        first = len(self.header)
         values_of = self.row.values
         table: list[list[Any]] = []
         # One line past max_rows is read: a row there is too many, anything else unmatched.
@@ -158,14 +160,44 @@ class LinesFormat:
             if len(table) == self.max_rows:
                 raise EvidenceError("extract", "too_many_rows", f"line {number}")
             table.append(values)
-        if self.count_by is not None:
-            return _counted(table, self.row.groups.index(self.count_by), first)
         rows = self._typed_rows(table, first)
         if self.shape == "rows":
             return {"rows": rows}
         if not rows:
             raise EvidenceError("extract", "no_rows", "shape 'one' needs exactly one row")
         return rows[0]
+
+    def _counted(self, raw_lines: list[bytes], first: int) -> dict[str, Any]:
+        """``{"total": rows counted, "counts": {value: rows with it}}`` of the rows after
+        the header, every line matched as for a table.
+
+        A count's lines repeat (a state letter, a priority, a unit name), and a line's
+        match is a function of the line: each distinct line is matched once. A row whose
+        `count_by` group did not take part (another alternative of `row` matched it) is
+        accounted for, as every line is, and not counted.
+        """
+        index = self.row.groups.index(self.count_by)
+        matched: dict[bytes, list[str | None] | None] = {}
+        counts: dict[str, int] = {}
+        total = 0
+        # One line past max_rows is read: a row there is too many, anything else unmatched.
+        stop = first + self.max_rows + 1
+        for number, data in enumerate(raw_lines[first:stop], first + 1):
+            if data in matched:
+                values = matched[data]
+            else:
+                values = matched[data] = self.row.values(data)
+            if values is None:
+                raise EvidenceError("extract", "unmatched_line", f"line {number}")
+            if number - first > self.max_rows:
+                raise EvidenceError("extract", "too_many_rows", f"line {number}")
+            if (key := values[index]) is None:
+                continue
+            total += 1
+            counts[key] = counts.get(key, 0) + 1
+            if len(counts) > MAX_COUNT_KEYS:
+                raise EvidenceError("extract", "too_many_count_keys", f"line {number}")
+        return {"total": total, "counts": counts}
 
     def _typed_rows(self, table: list[list[Any]], first: int) -> list[dict[str, Any]]:
         """Rows as objects, each typed column converted at once (column by column)."""
@@ -190,25 +222,6 @@ class LinesFormat:
             columns[index] = converted
         names = self.row.groups
         return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
-
-
-def _counted(table: list[list[Any]], index: int, first: int) -> dict[str, Any]:
-    """``{"total": rows counted, "counts": {value: rows with it}}`` of the column ``index``.
-
-    A row whose group did not take part (another alternative of `row` matched it) is
-    accounted for, as every line is, and not counted.
-    """
-    counts: dict[str, int] = {}
-    total = 0
-    for offset, values in enumerate(table):
-        key = values[index]
-        if key is None:
-            continue
-        total += 1
-        counts[key] = counts.get(key, 0) + 1
-        if len(counts) > MAX_COUNT_KEYS:
-            raise EvidenceError("extract", "too_many_count_keys", f"line {first + 1 + offset}")
-    return {"total": total, "counts": counts}
 
 
 def convert_column(values: Sequence[str | None], kind: FieldType) -> Sequence[Any] | None:
