@@ -25,3 +25,11 @@ def test_a_description_never_reaches_the_agent() -> None:
     assert sealed["data"]["rows"] == [
         {"unit": "evil.service", "load": "loaded", "active": "failed", "sub": "failed"}
     ]
+
+
+def test_a_timer_that_never_fired_has_no_last_time() -> None:
+    """An absent LastTriggerUSec line is an absent field for the agent, never a made-up time."""
+    stdout = b"LoadState=loaded\nActiveState=active\nSubState=waiting\nResult=success\n"
+    _, sealed = judged(family("services"), "timer_state", stdout, {"timer": "backup.timer"})
+    assert "LastTriggerUSec" not in sealed["data"]
+    assert sealed["data"]["SubState"] == "waiting"
