@@ -73,6 +73,7 @@ EVIDENCE_REASONS: Final[dict[str, frozenset[str]]] = {
             "missing_header",
             "too_many_rows",
             "no_rows",
+            "too_many_count_keys",
             "missing_key",
             "duplicate_key",
             "ambiguous_value",

@@ -821,3 +821,37 @@ def test_keyed_row_without_a_key_group_is_refused(tmp_path: Path) -> None:
     )
     exc = refused(tmp_path, text)
     assert_names(exc, tmp_path, "output.row", "shape 'keyed' needs a group named 'key'")
+
+
+# --- counting and top N -------------------------------------------------------------------------
+
+ROWS = 'format = "lines"\nshape = "rows"\nrow = \'^(?P<item_id>[a-z]+) (?P<state>up|down)$\''
+
+
+@pytest.mark.parametrize(
+    ("output", "key", "phrase"),
+    [
+        (f'{LINES}\ncount_by = "state"', "output.count_by", 'needs shape = "rows"'),
+        (f'{ROWS}\ncount_by = "colour"', "output.count_by", "'colour' is no field of `row`"),
+        (
+            f'{ROWS}\ncount_by = "state"\ntypes = {{ state = "integer" }}',
+            "output.count_by",
+            "cannot be typed",
+        ),
+        (f'{ROWS}\ncount_by = "state"', "output.count_by", "'total' is not a property"),
+    ],
+)
+def test_a_count_that_cannot_work_is_refused(
+    tmp_path: Path, output: str, key: str, phrase: str
+) -> None:
+    """count_by needs a rows table, a field of `row`, text, and a schema with total and counts."""
+    exc = refused(tmp_path, replaced('format = "json"', output))
+    assert_names(exc, tmp_path, key, phrase)
+
+
+def test_agent_rows_needs_a_rows_array(tmp_path: Path) -> None:
+    """`[agent] rows` on a tool whose schema has no `rows` array is refused at load."""
+    exc = refused(
+        tmp_path, replaced('fields = ["item_id", "state"]', 'fields = ["item_id"]\nrows = 5')
+    )
+    assert_names(exc, tmp_path, "agent.rows", "needs `rows` in agent.fields")

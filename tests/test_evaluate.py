@@ -288,3 +288,16 @@ def assert_guard_agrees(registry: Registry) -> int:
                     )
                     checked += 1
     return checked
+
+
+def test_agent_rows_shows_the_first_rows_and_judges_them_all() -> None:
+    """`[agent] rows = 10`: twelve valid rows give the first ten; a bad twelfth refuses all."""
+    catalog = ROOT / "sshadapter" / "catalog"
+    top = load_registry(catalog / "processes", catalog / "schemas", hosts=None)
+    op = top.operations["top_processes"]
+    table = b"".join(b"%5d S  0.%d  1000 worker%d\n" % (i, 9 - i % 10, i) for i in range(1, 13))
+    verdict = evaluate(op, {"by": "pcpu"}, RunResult(table, b"", 0), NOW)
+    assert verdict.data is not None
+    assert [row["pid"] for row in verdict.data["rows"]] == list(range(1, 11))
+    bad = table.replace(b"worker12", b"worker\x1b[2J")
+    assert evaluate(op, {"by": "pcpu"}, RunResult(bad, b"", 0), NOW).reason == "control_character"

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sshadapter.contract.extract import JsonlFormat, KvFormat, LinesFormat, RegexFormat, convert
+from sshadapter.contract.extract import (
+    MAX_COUNT_KEYS,
+    JsonlFormat,
+    KvFormat,
+    LinesFormat,
+    RegexFormat,
+    convert,
+)
 from sshadapter.contract.linear_regex import compile_linear
 from sshadapter.errors import EvidenceError
 
@@ -232,3 +239,72 @@ def test_keyed_two_spellings_at_once_are_ambiguous() -> None:
 def test_keyed_with_only_blank_lines_is_an_empty_object() -> None:
     """Lines that name nothing make no member: the schema decides what must be there."""
     assert keyed().parse(b"# nothing\n\n") == {}
+
+
+STATE_ROW = compile_linear(r"^ *(?P<state>[A-Za-z])(?P<extra> x)?$")
+
+
+def counted(max_rows: int = 100) -> LinesFormat:
+    return LinesFormat(4096, (), STATE_ROW, "rows", max_rows, {}, "state")
+
+
+def test_count_by_counts_every_row_by_its_field() -> None:
+    """count_by turns matched rows into a total and a count per value of one field."""
+    assert counted().parse(b"S\nR\n S\nI\nS\n") == {
+        "total": 5,
+        "counts": {"S": 3, "R": 1, "I": 1},
+    }
+
+
+def test_count_by_still_accounts_for_every_line() -> None:
+    """A line the row pattern does not match rejects the whole count, as it would the rows."""
+    assert reason_of(counted(), b"S\nLast login: today\nR\n") == (
+        "extract",
+        "unmatched_line",
+        "line 2",
+    )
+    assert reason_of(counted(max_rows=2), b"S\nR\nS\n")[:2] == ("extract", "too_many_rows")
+
+
+def test_count_by_counts_only_the_rows_that_have_the_field() -> None:
+    """A row matched by another alternative of the pattern is accounted for, not counted."""
+    row = compile_linear(r"^(?:(?P<verdict>yes|no)|  \* [a-z]+|)$")
+    fmt = LinesFormat(4096, (), row, "rows", 10, {}, "verdict")
+    assert fmt.parse(b"  * kernel\n\nyes\n") == {"total": 1, "counts": {"yes": 1}}
+    assert reason_of(fmt, b"  * kernel\nmaybe\n") == ("extract", "unmatched_line", "line 2")
+
+
+def test_count_by_refuses_more_distinct_values_than_its_bound() -> None:
+    """More distinct values than MAX_COUNT_KEYS is no summary: the output is refused."""
+    row = compile_linear(r"^(?P<unit>[a-z0-9]+)$")
+    fmt = LinesFormat(10**6, (), row, "rows", 5000, {}, "unit")
+    many = b"".join(b"u%d\n" % i for i in range(MAX_COUNT_KEYS + 1))
+    assert reason_of(fmt, many)[:2] == ("extract", "too_many_count_keys")
+    assert fmt.parse(b"a\nb\na\n") == {"total": 3, "counts": {"a": 2, "b": 1}}
+
+
+def test_count_by_on_an_empty_table_is_zero_rows() -> None:
+    """An empty table after the header counts nothing: total 0 and no keys."""
+    header = compile_linear(r"^STATE$")
+    fmt = LinesFormat(4096, (header,), STATE_ROW, "rows", 10, {}, "state")
+    assert fmt.parse(b"STATE\n") == {"total": 0, "counts": {}}
+
+
+def test_count_by_with_no_output_is_a_count_of_nothing() -> None:
+    """Empty stdout and no header is zero rows counted; the schema decides if zero answers."""
+    assert counted().parse(b"") == {"total": 0, "counts": {}}
+
+
+def test_a_table_without_header_may_have_no_line_but_one_with_a_header_may_not() -> None:
+    """Empty stdout is zero rows for a headerless table; with a header it is refused (missing)."""
+    headerless = LinesFormat(4096, (), STATE_ROW, "rows", 10, {})
+    assert headerless.parse(b"") == {"rows": []}
+    assert reason_of(df("rows", 10), b"")[:2] == ("extract", "empty")
+    assert reason_of(df(), b"")[:2] == ("extract", "empty")
+
+
+def test_count_by_matches_each_distinct_line_once_with_the_same_verdicts() -> None:
+    """Repeated lines are matched once; the line numbers of a refusal are still exact."""
+    assert counted(5).parse(b"S\nS\nS\nR\nS\n") == {"total": 5, "counts": {"S": 4, "R": 1}}
+    assert reason_of(counted(5), b"S\nS\nS\nR\nS\nS\n") == ("extract", "too_many_rows", "line 6")
+    assert reason_of(counted(5), b"S\nS\nS\nR\nS\nQQ\n") == ("extract", "unmatched_line", "line 6")

@@ -148,6 +148,7 @@ class OutputSection(_Table):
     separator: Annotated[str, Field(min_length=1, max_length=8)] | None = None
     keys: tuple[str, ...] | None = None
     optional_keys: tuple[str, ...] = ()
+    count_by: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")] | None = None
 
     @model_validator(mode="after")
     def _keys_fit_format(self) -> OutputSection:
@@ -155,7 +156,7 @@ class OutputSection(_Table):
             "json": {"max_depth"},
             "jsonl": {"max_depth", "max_rows"},
             "regex": {"pattern", "types"},
-            "lines": {"header", "row", "shape", "max_rows", "types"},
+            "lines": {"header", "row", "shape", "max_rows", "types", "count_by"},
             "kv": {"separator", "keys", "optional_keys", "types"},
         }[self.format]
         extractor_keys = {
@@ -169,6 +170,7 @@ class OutputSection(_Table):
             "keys",
             "optional_keys",
             "max_depth",
+            "count_by",
         }
         for key in sorted((extractor_keys & self.model_fields_set) - allowed):
             raise _KeyedError(key, f"does not apply to format {self.format!r}")
@@ -180,6 +182,10 @@ class OutputSection(_Table):
             raise _KeyedError(
                 "max_rows", "shape 'one' is exactly one row: more rows would be read and ignored"
             )
+        if self.count_by is not None and self.shape != "rows":
+            raise _KeyedError("count_by", 'counts rows: needs shape = "rows"')
+        if self.count_by is not None and self.types.get(self.count_by, "string") != "string":
+            raise _KeyedError("count_by", "a count's keys are text: the field cannot be typed")
         for status, meaning in self.exit_codes.items():
             if not re.fullmatch(r"0|[1-9][0-9]{0,2}", status) or int(status) > 255:
                 raise _KeyedError(f"exit_codes.{status}", "not an exit status 0-255")
@@ -203,10 +209,18 @@ class OutputSection(_Table):
         return frozenset(found)
 
 
+# Rows an agent may be shown of a table (`[agent] rows`): a top N is a few lines to read,
+# and the fan-out answer repeats them for every host.
+MAX_AGENT_ROWS: Final = 100
+
+
 class AgentSection(_Table):
     fields: tuple[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")], ...] = Field(
         min_length=1
     )
+    rows: Annotated[int, Field(ge=1, le=MAX_AGENT_ROWS)] | None = None
+    """The agent sees the first N items of the field ``rows`` (a top N after the command's own
+    sort); the schema and the checks still judge every row."""
 
 
 class RetrySection(_Table):

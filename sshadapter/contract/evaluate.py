@@ -150,8 +150,12 @@ def dispatcher_refused(run: RunResult) -> bool:
 
 
 def project(op: Operation, value: Any) -> dict[str, Any]:
-    """A new object with exactly the fields the contract exposes (docs/protocol.md "Stages", 10)."""
-    return {name: value[name] for name in op.spec.agent.fields if name in value}
+    """A new object with exactly the fields the contract exposes (docs/protocol.md "Stages", 10);
+    of ``rows``, with `[agent] rows`, the first N."""
+    shown = {name: value[name] for name in op.spec.agent.fields if name in value}
+    if (top := op.spec.agent.rows) is not None:
+        shown["rows"] = shown["rows"][:top]
+    return shown
 
 
 def seal(op: Operation, request_id: str, verdict: Verdict) -> dict[str, Any]:

@@ -26,6 +26,9 @@ Shape = Literal["one", "rows", "keyed"]
 KEY_GROUP: Final = "key"  # the group that names a member of a `keyed` table
 
 DEFAULT_MAX_ROWS: Final = 1000  # rows a text table or jsonl stream may have unless declared
+# Distinct values a `count_by` column may take: a count is a handful of states, priorities
+# or unit names; more is no summary (the schema's maxProperties usually says fewer).
+MAX_COUNT_KEYS: Final = 1000
 
 # Strict conversions: the whole field must have the shape, no spaces, no '+', no '0x'.
 # (The project's own patterns below are deterministic: Python's `re` runs them in linear
@@ -123,6 +126,9 @@ class LinesFormat:
     shape: Shape
     max_rows: int
     types: Mapping[str, FieldType]
+    count_by: str | None = None
+    """With ``shape = "rows"``: the rows become ``{"total": N, "counts": {value: n}}``, counted
+    by this (string) field, so a count needs no tool on the host (docs/command-files.md)."""
     _columns: tuple[tuple[int, str, Converter], ...] = field(init=False, repr=False)
     """The row's typed groups, (index, name, converter), resolved once per operation."""
 
@@ -135,17 +141,23 @@ class LinesFormat:
         object.__setattr__(self, "_columns", columns)
 
     def parse(self, stdout: bytes) -> Any:
+        if not stdout and self.shape == "rows" and not self.header:
+            # A table without a header prints nothing when it has no row (systemctl
+            # --no-legend, journalctl -q): zero rows, as an empty jsonl stream.
+            return {"total": 0, "counts": {}} if self.count_by is not None else {"rows": []}
         text = _decode(stdout, self.max_bytes)
         raw_lines = _split_raw(stdout)
+        for number, pattern in enumerate(self.header, 1):
+            if number > len(raw_lines) or not pattern.matches(raw_lines[number - 1]):
+                raise EvidenceError("extract", "missing_header", f"line {number}")
+        first = len(self.header)
+        if self.count_by is not None:
+            return self._counted(raw_lines, first)
         # ASCII (almost every table): byte offsets are character offsets, so groups are
         # sliced from the decoded lines instead of decoded one by one.
         text_lines: list[str] | list[None] = (
             _split_lines(text) if text.isascii() else [None] * len(raw_lines)
         )
-        for number, pattern in enumerate(self.header, 1):
-            if number > len(raw_lines) or not pattern.matches(raw_lines[number - 1]):
-                raise EvidenceError("extract", "missing_header", f"line {number}")
-        first = len(self.header)
         values_of = self.row.values
         table: list[list[Any]] = []
         # One line past max_rows is read: a row there is too many, anything else unmatched.
@@ -203,6 +215,38 @@ class LinesFormat:
                     "extract", "bad_type", f"line {number}: {name}: not {kind}"
                 ) from exc
         return members
+
+    def _counted(self, raw_lines: list[bytes], first: int) -> dict[str, Any]:
+        """``{"total": rows counted, "counts": {value: rows with it}}`` of the rows after
+        the header, every line matched as for a table.
+
+        A count's lines repeat (a state letter, a priority, a unit name), and a line's
+        match is a function of the line: each distinct line is matched once. A row whose
+        `count_by` group did not take part (another alternative of `row` matched it) is
+        accounted for, as every line is, and not counted.
+        """
+        index = self.row.groups.index(self.count_by)
+        matched: dict[bytes, list[str | None] | None] = {}
+        counts: dict[str, int] = {}
+        total = 0
+        # One line past max_rows is read: a row there is too many, anything else unmatched.
+        stop = first + self.max_rows + 1
+        for number, data in enumerate(raw_lines[first:stop], first + 1):
+            if data in matched:
+                values = matched[data]
+            else:
+                values = matched[data] = self.row.values(data)
+            if values is None:
+                raise EvidenceError("extract", "unmatched_line", f"line {number}")
+            if number - first > self.max_rows:
+                raise EvidenceError("extract", "too_many_rows", f"line {number}")
+            if (key := values[index]) is None:
+                continue
+            total += 1
+            counts[key] = counts.get(key, 0) + 1
+            if len(counts) > MAX_COUNT_KEYS:
+                raise EvidenceError("extract", "too_many_count_keys", f"line {number}")
+        return {"total": total, "counts": counts}
 
     def _typed_rows(self, table: list[list[Any]], first: int) -> list[dict[str, Any]]:
         """Rows as objects, each typed column converted at once (column by column)."""

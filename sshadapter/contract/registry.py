@@ -388,7 +388,7 @@ def load_operation(
     _check_optional_keys(file, spec, schema)
     parser = _build_parser(file, spec)
     _check_extracted_fields(file, spec, schema, parser)
-    projection = schemas.project(schema, spec.agent.fields)
+    projection = schemas.project(schema, spec.agent.fields, rows=spec.agent.rows)
     declares_not_found = "NOT_FOUND" in spec.output.meanings
     env_schema = envelope.envelope_schema(
         name,
@@ -454,6 +454,12 @@ def _check_fields(file: str, spec: CommandFile, schema: LoadedSchema) -> None:
             raise ConfigError(file, "agent.fields", f"{name!r} is not a property of {schema.name}")
     if len(set(spec.agent.fields)) != len(spec.agent.fields):
         raise ConfigError(file, "agent.fields", "a field is listed twice")
+    if spec.agent.rows is not None and (
+        "rows" not in spec.agent.fields or properties.get("rows", {}).get("type") != "array"
+    ):
+        raise ConfigError(
+            file, "agent.rows", f"needs `rows` in agent.fields, an array in {schema.name}"
+        )
     for field, param in spec.checks.equal.items():
         if field not in properties:
             raise ConfigError(file, f"checks.equal.{field}", f"not a property of {schema.name}")
@@ -484,6 +490,8 @@ def _check_extracted_fields(
     out = spec.output
     if isinstance(parser, RegexFormat):
         key, fields, row = "output.pattern", parser.pattern.groups, schema.contents
+    elif isinstance(parser, LinesFormat) and parser.count_by is not None:
+        key, fields, row = "output.count_by", ("total", "counts"), schema.contents
     elif isinstance(parser, LinesFormat):
         if out.shape == "keyed":
             return  # its members are named by the output, and the schema bounds their names
@@ -586,7 +594,9 @@ def _build_parser(file: str, spec: CommandFile) -> OutputFormat:
             )
         header = tuple(compile_(f"header[{i}]", h) for i, h in enumerate(out.header))
         max_rows = out.max_rows or (1 if out.shape == "one" else DEFAULT_MAX_ROWS)
-        return LinesFormat(out.max_bytes, header, row, out.shape, max_rows, out.types)
+        if out.count_by is not None and out.count_by not in row.groups:
+            raise ConfigError(file, "output.count_by", f"{out.count_by!r} is no field of `row`")
+        return LinesFormat(out.max_bytes, header, row, out.shape, max_rows, out.types, out.count_by)
     assert out.separator is not None and out.keys is not None  # by OutputSection
     check_types((*out.keys, *out.optional_keys))
     return KvFormat(out.max_bytes, out.separator, out.keys, out.types, out.optional_keys)

@@ -155,8 +155,11 @@ class SchemaSet:
             raise ConfigError(file, "", f"schema does not compile: {_first_line(exc)}") from exc
         return Validator(compiled)
 
-    def project(self, schema: LoadedSchema, fields: Sequence[str]) -> Projection:
-        """The subschemas of ``fields`` (top-level properties of ``schema``), self-contained."""
+    def project(
+        self, schema: LoadedSchema, fields: Sequence[str], *, rows: int | None = None
+    ) -> Projection:
+        """The subschemas of ``fields`` (top-level properties of ``schema``), self-contained;
+        with ``rows`` (`[agent] rows`), the array ``rows`` holds at most that many items."""
         defs: dict[str, Any] = {}
         names: dict[int, str] = {}  # id() of a $ref target in the registry -> its $defs key
 
@@ -202,6 +205,9 @@ class SchemaSet:
         root = self._py_registry.resolver(base_uri=schema.uri)
         properties = schema.contents.get("properties", {})
         projected = {name: walk(properties[name], root) for name in fields}
+        if rows is not None:
+            shown = projected["rows"]
+            projected["rows"] = {**shown, "maxItems": min(rows, shown.get("maxItems", rows))}
         required = tuple(name for name in fields if name in schema.contents.get("required", ()))
         return Projection(projected, required, defs)
 
