@@ -14,7 +14,7 @@ import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import pytest
 from shared_data import find_shared
@@ -49,11 +49,23 @@ def ids(key: str) -> list[str]:
 def corpus_bytes(key: str, id_: str) -> bytes:
     """One corpus file's bytes; a skip (a failure under $CI) when the corpus is missing."""
     if id_ == MISSING or CORPUS is None:
-        message = "../shared/catalog/corpus not found (set SSHADAPTER_SHARED to the shared folder)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        _missing("../shared/catalog/corpus")
     return (CORPUS / key / f"{id_}.txt").read_bytes()
+
+
+def shared_bytes(path: Path) -> bytes:
+    """Another file of ../shared (``realworld/outputs/...``); a skip or a failure as above."""
+    folder = find_shared(path.parent)
+    if folder is None or not (folder / path.name).is_file():
+        _missing(f"../shared/{path}")
+    return (folder / path.name).read_bytes()
+
+
+def _missing(what: str) -> NoReturn:
+    message = f"{what} not found (set SSHADAPTER_SHARED to the shared folder)"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 def family(name: str) -> Registry:

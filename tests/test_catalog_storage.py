@@ -7,10 +7,11 @@ read here by a plain split of the file, independently of the operation's pattern
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from kernel_corpus import corpus_bytes, family, ids, judged
+from kernel_corpus import corpus_bytes, family, ids, judged, shared_bytes
 
 from sshadapter.contract.registry import Registry
 
@@ -77,3 +78,20 @@ def test_mounts_reads_every_corpus_file(storage: Registry, id_: str) -> None:
     stdout = corpus_bytes("proc_mounts", id_)
     sealed = judged(storage.operations["mounts"], stdout)
     assert sealed.get("data") == {"rows": read_mounts(stdout.decode())}, sealed
+
+
+def test_filesystem_usage_reads_busybox_on_alpine(storage: Registry) -> None:
+    """BusyBox 1.33.1's df on Alpine 3.14 (an issue report in ../shared/realworld) gives its row."""
+    stdout = shared_bytes(Path("realworld/outputs/disk_usage/issue_busybox_cifs.txt"))
+    sealed = judged(storage.operations["filesystem_usage"], stdout)
+    assert sealed.get("data") == {
+        "rows": [
+            {
+                "mounted_on": "/data0",
+                "size_kb": 59979045276,
+                "used_kb": 50147765800,
+                "available_kb": 9831279476,
+                "capacity_pct": 84,
+            }
+        ]
+    }, sealed
