@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sshadapter.contract.extract import JsonlFormat, KvFormat, LinesFormat, RegexFormat, convert
+from sshadapter.contract.extract import (
+    JsonFormat,
+    JsonlFormat,
+    KvFormat,
+    LinesFormat,
+    RegexFormat,
+    convert,
+)
 from sshadapter.contract.linear_regex import compile_linear
 from sshadapter.errors import EvidenceError
 
@@ -181,3 +188,12 @@ def test_jsonl_bounds_rows_and_allows_an_empty_stream() -> None:
     fmt = JsonlFormat(4096, 8, 2)
     assert reason_of(fmt, b"1\n2\n3\n")[1] == "too_many_rows"
     assert fmt.parse(b"") == {"rows": []}
+
+
+def test_json_wrap_makes_a_top_level_array_a_member() -> None:
+    """output.wrap: an array document (ip -j) becomes {wrap: array}; without it, the document."""
+    assert JsonFormat(4096, 8, "links").parse(b'[{"ifname":"lo"}]\n') == {
+        "links": [{"ifname": "lo"}]
+    }
+    assert JsonFormat(4096, 8).parse(b'[{"ifname":"lo"}]') == [{"ifname": "lo"}]
+    assert reason_of(JsonFormat(4096, 8, "links"), b"[1] x")[:2] == ("parse", "trailing_data")
