@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any, Final
 
 import pytest
-from kernel_corpus import corpus_bytes, family, ids, judged
+from kernel_corpus import CATALOG, corpus_bytes, family, ids, judged
 
+from sshadapter.check.nearmiss import derive
 from sshadapter.contract.registry import Registry
 
 NET_DEV_COUNTERS: Final = [
@@ -34,6 +35,7 @@ NET_DEV_COUNTERS: Final = [
     "tx_compressed",
 ]
 # The Tcp names of /proc/net/snmp as the agent gets them (RFC 1213's tcp group).
+FIXTURES: Final = CATALOG / "network"
 TCP_FIELDS: Final = {
     "ActiveOpens": "active_opens",
     "PassiveOpens": "passive_opens",
@@ -123,3 +125,14 @@ def test_the_2_6_sockstat_has_the_null_fields() -> None:
     """The ARM720T board's Linux 2.6 file is the one that proves the short UDP line is read."""
     data = read_sockstat(corpus_bytes("proc_net_sockstat", "d2000_arm720t").decode())
     assert data["udp_mem_pages"] is None and data["udplite_inuse"] is None
+
+
+def test_a_null_the_schema_admits_is_no_near_miss(network: Registry) -> None:
+    """ip -j prints "link": null for a tunnel on nothing: nulling it is no near-miss; ifname is."""
+    op = network.operations["network_interfaces"]
+    stdout = (
+        FIXTURES / "network_interfaces.fixtures" / "debian12_netns_veth_bridge.stdout"
+    ).read_bytes()
+    kinds = {kind for kind, _ in derive(op, stdout)}
+    assert "null:/1/ifname" in kinds and "null:/1/mtu" in kinds
+    assert "null:/1/link" not in kinds
