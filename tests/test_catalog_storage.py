@@ -7,11 +7,12 @@ read here by a plain split of the file, independently of the operation's pattern
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from kernel_corpus import corpus_bytes, family, ids, judged, shared_bytes
+from kernel_corpus import CATALOG, corpus_bytes, family, ids, judged, shared_bytes
 
 from sshadapter.contract.registry import Registry
 
@@ -95,3 +96,26 @@ def test_filesystem_usage_reads_busybox_on_alpine(storage: Registry) -> None:
             }
         ]
     }, sealed
+
+
+def test_block_devices_takes_the_all_strings_form_of_util_linux_2_32(storage: Registry) -> None:
+    """The Debian 12 capture as util-linux 2.27-2.32 print it (strings, null) is read alike.
+
+    A derived output, not a capture: libsmartcols before 2.33 quoted every value and
+    wrote null for an empty cell (libsmartcols/src/table_print.c at v2.32).
+    """
+    fixtures = CATALOG / "storage" / "block_devices.fixtures"
+    typed = json.loads((fixtures / "debian12.stdout").read_bytes())
+    strings = {
+        "blockdevices": [
+            {
+                **device,
+                "size": str(device["size"]),
+                "ro": "1" if device["ro"] else "0",
+                "rm": "1" if device["rm"] else "0",
+            }
+            for device in typed["blockdevices"]
+        ]
+    }
+    sealed = judged(storage.operations["block_devices"], json.dumps(strings).encode())
+    assert sealed.get("data") == strings, sealed
