@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, NoReturn
@@ -27,6 +28,8 @@ CATALOG: Final = Path(__file__).resolve().parents[1] / "sshadapter" / "catalog"
 CORPUS = find_shared(Path("catalog") / "corpus")
 MISSING: Final = "corpus-missing"
 NOW: Final = datetime(2026, 11, 30, 4, 12, tzinfo=UTC)
+Reader = Callable[[str], Any]
+"""A plain reading of a kernel file, written apart from the operation's patterns."""
 
 
 def _sources() -> dict[str, dict[str, Any]]:
@@ -66,6 +69,21 @@ def _missing(what: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+def cases(readers: dict[str, tuple[str, Reader]]) -> list[tuple[str, str]]:
+    """(tool, corpus file id) for every file of each tool's key, as parametrize cases."""
+    return [(tool, id_) for tool, (key, _) in readers.items() for id_ in ids(key)]
+
+
+def corpus_data(
+    registry: Registry, readers: dict[str, tuple[str, Reader]], tool: str, id_: str
+) -> tuple[Any, Any]:
+    """What the operation gives the agent for one corpus file, and what a person reads in it."""
+    key, read = readers[tool]
+    stdout = corpus_bytes(key, id_)
+    sealed = judged(registry.operations[tool], stdout)
+    return sealed.get("data", sealed), read(stdout.decode())
 
 
 def family(name: str) -> Registry:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 import pytest
-from kernel_corpus import CATALOG, corpus_bytes, family, ids, judged
+from kernel_corpus import CATALOG, Reader, cases, corpus_bytes, corpus_data, family
 
 from sshadapter.check.nearmiss import derive
 from sshadapter.contract.registry import Registry
@@ -97,28 +97,21 @@ def read_tcp(text: str) -> dict[str, Any]:
     return {field: tcp.get(name) for name, field in TCP_FIELDS.items()}
 
 
-@pytest.mark.parametrize("id_", ids("proc_net_dev"))
-def test_interface_counters_reads_every_corpus_file(network: Registry, id_: str) -> None:
-    """Every real /proc/net/dev (Linux 2.6 to 5.x) gives each interface's 16 counters exactly."""
-    stdout = corpus_bytes("proc_net_dev", id_)
-    sealed = judged(network.operations["interface_counters"], stdout)
-    assert sealed.get("data") == {"rows": read_net_dev(stdout.decode())}, sealed
+READERS: Final[dict[str, tuple[str, Reader]]] = {
+    "interface_counters": ("proc_net_dev", lambda text: {"rows": read_net_dev(text)}),
+    "socket_counts": ("proc_net_sockstat", read_sockstat),
+    "tcp_stats": ("proc_net_snmp", read_tcp),
+}
 
 
-@pytest.mark.parametrize("id_", ids("proc_net_sockstat"))
-def test_socket_counts_reads_every_corpus_file(network: Registry, id_: str) -> None:
-    """Every real /proc/net/sockstat gives its counts; what 2.6 lacks (UDP mem, UDPLITE) is null."""
-    stdout = corpus_bytes("proc_net_sockstat", id_)
-    sealed = judged(network.operations["socket_counts"], stdout)
-    assert sealed.get("data") == read_sockstat(stdout.decode()), sealed
+@pytest.mark.parametrize(("tool", "id_"), cases(READERS))
+def test_each_corpus_file_is_read_exactly(network: Registry, tool: str, id_: str) -> None:
+    """Each real /proc/net/dev, sockstat and snmp (Linux 2.6 to 6.x) is read exactly.
 
-
-@pytest.mark.parametrize("id_", ids("proc_net_snmp"))
-def test_tcp_stats_reads_every_corpus_file(network: Registry, id_: str) -> None:
-    """Every real /proc/net/snmp gives its Tcp counters; InCsumErrors is null before Linux 3.10."""
-    stdout = corpus_bytes("proc_net_snmp", id_)
-    sealed = judged(network.operations["tcp_stats"], stdout)
-    assert sealed.get("data") == read_tcp(stdout.decode()), sealed
+    What older kernels lack (2.6's UDP mem and UDPLITE, InCsumErrors before 3.10) is null.
+    """
+    got, read = corpus_data(network, READERS, tool, id_)
+    assert got == read
 
 
 def test_the_2_6_sockstat_has_the_null_fields() -> None:

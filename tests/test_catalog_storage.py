@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from kernel_corpus import CATALOG, corpus_bytes, family, ids, judged, shared_bytes
+from kernel_corpus import CATALOG, Reader, cases, corpus_data, family, judged, shared_bytes
 
 from sshadapter.contract.registry import Registry
 
@@ -65,20 +65,17 @@ def read_mounts(text: str) -> list[dict[str, Any]]:
     return rows
 
 
-@pytest.mark.parametrize("id_", ids("proc_diskstats"))
-def test_disk_io_reads_every_corpus_file(storage: Registry, id_: str) -> None:
-    """Every real /proc/diskstats (Linux 2.6 to 4.18, 14 and 18 fields) gives each device."""
-    stdout = corpus_bytes("proc_diskstats", id_)
-    sealed = judged(storage.operations["disk_io"], stdout)
-    assert sealed.get("data") == {"rows": read_diskstats(stdout.decode())}, sealed
+READERS: Final[dict[str, tuple[str, Reader]]] = {
+    "disk_io": ("proc_diskstats", lambda text: {"rows": read_diskstats(text)}),
+    "mounts": ("proc_mounts", lambda text: {"rows": read_mounts(text)}),
+}
 
 
-@pytest.mark.parametrize("id_", ids("proc_mounts"))
-def test_mounts_reads_every_corpus_file(storage: Registry, id_: str) -> None:
-    """Every real /proc/mounts (a router, a tablet, gVisor, a container) gives each mount."""
-    stdout = corpus_bytes("proc_mounts", id_)
-    sealed = judged(storage.operations["mounts"], stdout)
-    assert sealed.get("data") == {"rows": read_mounts(stdout.decode())}, sealed
+@pytest.mark.parametrize(("tool", "id_"), cases(READERS))
+def test_each_corpus_file_is_read_exactly(storage: Registry, tool: str, id_: str) -> None:
+    """Each real /proc/diskstats (14 and 18 fields) and /proc/mounts (routers to gVisor) is read."""
+    got, read = corpus_data(storage, READERS, tool, id_)
+    assert got == read
 
 
 def test_filesystem_usage_reads_busybox_on_alpine(storage: Registry) -> None:
