@@ -42,8 +42,6 @@ def derive(op: Operation, stdout: bytes) -> list[NearMiss]:
             for kind, v, dup in _value_misses(rows)
             if kind != "array_around"
         ]
-    if fmt in ("json", "jsonl"):
-        misses = [(kind, out) for kind, out in misses if not _null_admitted(op, kind, out)]
     else:
         lines = stdout.splitlines(keepends=True)
         header_lines = len(op.spec.output.header)
@@ -59,7 +57,7 @@ def derive(op: Operation, stdout: bytes) -> list[NearMiss]:
             )
         if lines:
             misses.append(("ansi_escape", b"\x1b[31m" + stdout))
-    return misses
+    return [(kind, out) for kind, out in misses if not _null_admitted(op, kind, out)]
 
 
 def _null_admitted(op: Operation, kind: str, stdout: bytes) -> bool:
