@@ -407,6 +407,16 @@ def test_extractor_key_for_another_format_is_refused(tmp_path: Path) -> None:
     assert_names(exc, tmp_path, "output.pattern", "does not apply to format 'json'")
 
 
+def test_wrap_applies_to_json_only(tmp_path: Path) -> None:
+    """`wrap` names the member a json document becomes; with another format it is an error."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    text = replaced('format = "json"', 'format = "lines"\nrow = \'^x$\'\nshape = "one"\nwrap = "x"')
+    assert_names(refused(tmp_path / "a", text), tmp_path / "a", "output.wrap", "does not apply to")
+    bad = replaced('format = "json"', 'format = "json"\nwrap = "Links"')
+    assert_names(refused(tmp_path / "b", bad), tmp_path / "b", "output.wrap", "")
+
+
 def test_missing_extractor_key_is_refused(tmp_path: Path) -> None:
     """Format lines needs `row`."""
     exc = refused(tmp_path, replaced('format = "json"', 'format = "lines"\nshape = "one"'))

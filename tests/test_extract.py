@@ -6,6 +6,7 @@ import pytest
 
 from sshadapter.contract.extract import (
     MAX_COUNT_KEYS,
+    JsonFormat,
     JsonlFormat,
     KvFormat,
     LinesFormat,
@@ -308,3 +309,12 @@ def test_count_by_matches_each_distinct_line_once_with_the_same_verdicts() -> No
     assert counted(5).parse(b"S\nS\nS\nR\nS\n") == {"total": 5, "counts": {"S": 4, "R": 1}}
     assert reason_of(counted(5), b"S\nS\nS\nR\nS\nS\n") == ("extract", "too_many_rows", "line 6")
     assert reason_of(counted(5), b"S\nS\nS\nR\nS\nQQ\n") == ("extract", "unmatched_line", "line 6")
+
+
+def test_json_wrap_makes_a_top_level_array_a_member() -> None:
+    """output.wrap: an array document (ip -j) becomes {wrap: array}; without it, the document."""
+    assert JsonFormat(4096, 8, "links").parse(b'[{"ifname":"lo"}]\n') == {
+        "links": [{"ifname": "lo"}]
+    }
+    assert JsonFormat(4096, 8).parse(b'[{"ifname":"lo"}]') == [{"ifname": "lo"}]
+    assert reason_of(JsonFormat(4096, 8, "links"), b"[1] x")[:2] == ("parse", "trailing_data")

@@ -136,6 +136,9 @@ class OutputSection(_Table):
     max_bytes: Annotated[int, Field(ge=1, le=MAX_OUTPUT_BYTES)] = DEFAULT_MAX_OUTPUT_BYTES
     max_stderr_bytes: Annotated[int, Field(ge=0, le=MAX_OUTPUT_BYTES)] = DEFAULT_MAX_STDERR_BYTES
     max_depth: Annotated[int, Field(ge=1, le=MAX_DEPTH_LIMIT)] = DEFAULT_MAX_DEPTH
+    # json: the document becomes the one member of an object, so a top-level array
+    # (ip -j) has a field to show the agent ([agent] fields names top-level members).
+    wrap: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")] | None = None
     stderr: Literal["ignore", "reject"] = "ignore"
     exit_codes: dict[str, ExitEntry] = {"0": "success"}
     # text extractors
@@ -153,7 +156,7 @@ class OutputSection(_Table):
     @model_validator(mode="after")
     def _keys_fit_format(self) -> OutputSection:
         allowed = {
-            "json": {"max_depth"},
+            "json": {"max_depth", "wrap"},
             "jsonl": {"max_depth", "max_rows"},
             "regex": {"pattern", "types"},
             "lines": {"header", "row", "shape", "max_rows", "types", "count_by"},
@@ -171,6 +174,7 @@ class OutputSection(_Table):
             "optional_keys",
             "max_depth",
             "count_by",
+            "wrap",
         }
         for key in sorted((extractor_keys & self.model_fields_set) - allowed):
             raise _KeyedError(key, f"does not apply to format {self.format!r}")

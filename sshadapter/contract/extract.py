@@ -57,12 +57,16 @@ class JsonFormat:
 
     max_bytes: int
     max_depth: int
+    wrap: str | None = None
+    """``output.wrap``: the document becomes ``{wrap: document}``, so a command whose
+    document is an array (``ip -j``) has a top-level member for ``[agent] fields``."""
 
     def parse(self, stdout: bytes) -> Any:
         try:
-            return strict_loads(stdout, max_bytes=self.max_bytes, max_depth=self.max_depth)
+            document = strict_loads(stdout, max_bytes=self.max_bytes, max_depth=self.max_depth)
         except StrictJSONError as exc:
             raise EvidenceError("parse", exc.reason, exc.detail) from exc
+        return document if self.wrap is None else {self.wrap: document}
 
 
 @dataclass(frozen=True, slots=True)

@@ -574,7 +574,7 @@ def _build_parser(file: str, spec: CommandFile) -> OutputFormat:
                 raise ConfigError(file, f"output.types.{name}", "no such field in the extractor")
 
     if out.format == "json":
-        return JsonFormat(out.max_bytes, out.max_depth)
+        return JsonFormat(out.max_bytes, out.max_depth, out.wrap)
     if out.format == "jsonl":
         return JsonlFormat(out.max_bytes, out.max_depth, out.max_rows or DEFAULT_MAX_ROWS)
     if out.format == "regex":
