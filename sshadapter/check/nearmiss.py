@@ -83,8 +83,12 @@ def _loads(op: Operation, raw: bytes) -> Any:
 def _refused(op: Operation, kind: str, value: Any) -> bool:
     """Whether a ``null`` near-miss is one the schema refuses: a field it allows to be null
     (``"type": ["string", "null"]``) is no miss there. Decided by the schema itself, so no
-    guess about its keywords; every other kind is refused by a rule of the contract."""
-    return not kind.startswith("null:") or not op.output_validator.is_valid(value)
+    guess about its keywords; every other kind is refused by a rule of the contract. The
+    schema judges what the parser makes of the document (``output.wrap`` included)."""
+    if not kind.startswith("null:"):
+        return True
+    wrap = op.spec.output.wrap
+    return not op.output_validator.is_valid(value if wrap is None else {wrap: value})
 
 
 Dup = tuple[str, str] | None  # (object pointer, member name) to write twice
