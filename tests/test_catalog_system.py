@@ -12,6 +12,7 @@ from typing import Any, Final
 
 import pytest
 from catalog_corpus import (
+    CATALOG,
     accepted,
     catalog,
     check_misses,
@@ -35,6 +36,19 @@ OS_RELEASE_SHOWN: Final = (
     "PRETTY_NAME",
     "VARIANT_ID",
     "BUILD_ID",
+)
+
+
+TIME_SYNC_FIXTURES: Final = CATALOG / "system" / "time_sync.fixtures"
+# systemd 219's RTC warning, as its timedatectl.c prints it (239 writes "cannot").
+WARNING_219: Final = (
+    "\n"
+    "Warning: The system is configured to read the RTC time in the local time zone.\n"
+    "         This mode can not be fully supported. It will create various problems\n"
+    "         with time zone changes and daylight saving time adjustments. The RTC\n"
+    "         time is never updated, it relies on external facilities to maintain it.\n"
+    "         If at all possible, use RTC in UTC by calling\n"
+    "         'timedatectl set-local-rtc 0'.\n"
 )
 
 
@@ -105,6 +119,58 @@ def test_kernel_release_refuses_the_proc_version_line(system: Registry, file_id:
         "extract",
         "unmatched_line",
     )
+
+
+def time_sync_output(case: str) -> str:
+    """The stdout of a shipped time_sync fixture (real outputs: PROVENANCE.md)."""
+    return (TIME_SYNC_FIXTURES / f"{case}.stdout").read_text()
+
+
+@pytest.mark.parametrize(
+    "zone", ["America/Argentina/Buenos_Aires", "Etc/GMT+5", "EST5EDT", "UTC", "n/a"]
+)
+def test_time_sync_shows_iana_zone_names(system: Registry, zone: str) -> None:
+    """Three-part, signed and bare zone names, and `n/a` (no zone set), are shown as printed."""
+    stdout = time_sync_output("ubuntu1804").replace("Etc/UTC", zone).encode()
+    op = system.operations["time_sync"]
+    assert accepted(op, stdout)["time_zone"] == zone
+    near_misses_refused(op, stdout)
+
+
+@pytest.mark.parametrize(
+    "zone",
+    ["Europe/Athens; reboot", "Zone With Spaces", "../../etc/shadow", "a/b/c/d", "Z" * 31, "Café"],
+)
+def test_time_sync_refuses_what_is_not_a_zone_name(system: Registry, zone: str) -> None:
+    """The zone name is host-controlled: anything but an IANA-style name is never shown."""
+    stdout = time_sync_output("ubuntu1804").replace("Etc/UTC", zone).encode()
+    verdict, _ = judged(system.operations["time_sync"], stdout)
+    assert (verdict.code, verdict.stage) == ("INVALID_RESPONSE", "extract")
+
+
+def test_time_sync_reads_past_systemd_219_dst_and_warning(system: Registry) -> None:
+    """Systemd 219's DST block and "can not" warning are checked, not shown.
+
+    CentOS 7's real output with the RTC in local time and the warning appended: a
+    combination made here from real parts, not a captured output.
+    """
+    stdout = time_sync_output("centos77").replace(" RTC in local TZ: no", " RTC in local TZ: yes")
+    op = system.operations["time_sync"]
+    data = (stdout + WARNING_219).encode()
+    assert accepted(op, data) == {
+        "synchronized": "yes",
+        "ntp_service": None,
+        "time_zone": "America/Los_Angeles",
+        "rtc_in_local_tz": "yes",
+    }
+    near_misses_refused(op, data)
+
+
+def test_time_sync_reads_systemd_219_without_dst(system: Registry) -> None:
+    """In a zone without DST systemd 219 prints `DST active: n/a` and no change lines."""
+    head = time_sync_output("centos77").split(" Last DST change")[0]
+    stdout = head.replace("      DST active: yes", "      DST active: n/a").encode()
+    assert accepted(system.operations["time_sync"], stdout)["synchronized"] == "yes"
 
 
 def test_the_system_fixtures_pass_check() -> None:
