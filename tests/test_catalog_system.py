@@ -8,6 +8,7 @@ numbers), and every near-miss `sshadapter check` derives from it is refused.
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Any, Final
 
 import pytest
@@ -23,6 +24,8 @@ from catalog_corpus import (
     near_misses_refused,
     provenance_gaps,
 )
+from daemon_harness import Running, with_daemon
+from sshd import running_sshd
 
 from sshadapter.contract.registry import Registry
 
@@ -171,6 +174,36 @@ def test_time_sync_reads_systemd_219_without_dst(system: Registry) -> None:
     head = time_sync_output("centos77").split(" Last DST change")[0]
     stdout = head.replace("      DST active: yes", "      DST active: n/a").encode()
     assert accepted(system.operations["time_sync"], stdout)["synchronized"] == "yes"
+
+
+def test_time_sync_runs_the_real_timedatectl_through_sshd(tmp_path: Path) -> None:
+    """This machine over sshd: its own answer, or without systemd as init the declared failure."""
+    seen: dict[str, Any] = {}
+
+    async def body(running: Running) -> None:
+        call = {"op": "call", "tool": "time_sync", "args": {"run_on": "local"}}
+        seen["answer"] = await running.ask(call)
+        seen["records"] = running.audit_records()
+
+    with running_sshd() as sshd:
+        with_daemon(
+            tmp_path,
+            body,
+            ssh=True,
+            hosts={"local": sshd.host_section()},
+            commands=CATALOG / "system",
+            schemas=CATALOG / "schemas",
+        )
+    (host,) = seen["answer"]["data"]["results"]
+    (result,) = (r for r in seen["records"] if r["type"] == "result")
+    (row,) = result["host_results"]
+    if Path("/run/systemd/system").is_dir():  # sd_booted(): systemd is PID 1
+        assert host["outcome"] == "success", host
+        assert set(host["data"]) == {"synchronized", "ntp_service", "time_zone", "rtc_in_local_tz"}
+    else:
+        assert host["outcome"] == "failure", host
+        assert host["error"]["code"] == "UPSTREAM_UNAVAILABLE"
+        assert row["reason"] == "declared_exit_status"
 
 
 def test_the_system_fixtures_pass_check() -> None:
