@@ -2,7 +2,9 @@
 
 Each legitimate file is accepted with exactly the data a person reads from it, worked out
 here by a plain reading of the file (shlex for os-release's shell quoting, split() for
-numbers), and every near-miss `sshadapter check` derives from it is refused.
+numbers), and every near-miss `sshadapter check` derives from it is refused. time_sync,
+which has no kernel file, is tested on its shipped real outputs (jc's timedatectl fixtures)
+and on this machine's own timedatectl through sshd.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ OS_RELEASE_SHOWN: Final = (
 
 
 TIME_SYNC_FIXTURES: Final = CATALOG / "system" / "time_sync.fixtures"
-# systemd 219's RTC warning, as its timedatectl.c prints it (239 writes "cannot").
+# systemd 219's RTC warning, as its timedatectl.c prints it (later versions write "cannot").
 WARNING_219: Final = (
     "\n"
     "Warning: The system is configured to read the RTC time in the local time zone.\n"
