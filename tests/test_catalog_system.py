@@ -2,16 +2,20 @@
 
 Each legitimate file is accepted with exactly the data a person reads from it, worked out
 here by a plain reading of the file (shlex for os-release's shell quoting, split() for
-numbers), and every near-miss `sshadapter check` derives from it is refused.
+numbers), and every near-miss `sshadapter check` derives from it is refused. time_sync,
+which has no kernel file, is tested on its shipped real outputs (jc's timedatectl fixtures)
+and on this machine's own timedatectl through sshd.
 """
 
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Any, Final
 
 import pytest
 from catalog_corpus import (
+    CATALOG,
     accepted,
     catalog,
     check_misses,
@@ -22,6 +26,8 @@ from catalog_corpus import (
     near_misses_refused,
     provenance_gaps,
 )
+from daemon_harness import Running, with_daemon
+from sshd import running_sshd
 
 from sshadapter.contract.registry import Registry
 
@@ -35,6 +41,19 @@ OS_RELEASE_SHOWN: Final = (
     "PRETTY_NAME",
     "VARIANT_ID",
     "BUILD_ID",
+)
+
+
+TIME_SYNC_FIXTURES: Final = CATALOG / "system" / "time_sync.fixtures"
+# systemd 219's RTC warning, as its timedatectl.c prints it (later versions write "cannot").
+WARNING_219: Final = (
+    "\n"
+    "Warning: The system is configured to read the RTC time in the local time zone.\n"
+    "         This mode can not be fully supported. It will create various problems\n"
+    "         with time zone changes and daylight saving time adjustments. The RTC\n"
+    "         time is never updated, it relies on external facilities to maintain it.\n"
+    "         If at all possible, use RTC in UTC by calling\n"
+    "         'timedatectl set-local-rtc 0'.\n"
 )
 
 
@@ -105,6 +124,88 @@ def test_kernel_release_refuses_the_proc_version_line(system: Registry, file_id:
         "extract",
         "unmatched_line",
     )
+
+
+def time_sync_output(case: str) -> str:
+    """The stdout of a shipped time_sync fixture (real outputs: PROVENANCE.md)."""
+    return (TIME_SYNC_FIXTURES / f"{case}.stdout").read_text()
+
+
+@pytest.mark.parametrize(
+    "zone", ["America/Argentina/Buenos_Aires", "Etc/GMT+5", "EST5EDT", "UTC", "n/a"]
+)
+def test_time_sync_shows_iana_zone_names(system: Registry, zone: str) -> None:
+    """Three-part, signed and bare zone names, and `n/a` (no zone set), are shown as printed."""
+    stdout = time_sync_output("ubuntu1804").replace("Etc/UTC", zone).encode()
+    op = system.operations["time_sync"]
+    assert accepted(op, stdout)["time_zone"] == zone
+    near_misses_refused(op, stdout)
+
+
+@pytest.mark.parametrize(
+    "zone",
+    ["Europe/Athens; reboot", "Zone With Spaces", "../../etc/shadow", "a/b/c/d", "Z" * 31, "Café"],
+)
+def test_time_sync_refuses_what_is_not_a_zone_name(system: Registry, zone: str) -> None:
+    """The zone name is host-controlled: anything but an IANA-style name is never shown."""
+    stdout = time_sync_output("ubuntu1804").replace("Etc/UTC", zone).encode()
+    verdict, _ = judged(system.operations["time_sync"], stdout)
+    assert (verdict.code, verdict.stage) == ("INVALID_RESPONSE", "extract")
+
+
+def test_time_sync_reads_past_systemd_219_dst_and_warning(system: Registry) -> None:
+    """Systemd 219's DST block and "can not" warning are checked, not shown.
+
+    CentOS 7's real output with the RTC in local time and the warning appended: a
+    combination made here from real parts, not a captured output.
+    """
+    stdout = time_sync_output("centos77").replace(" RTC in local TZ: no", " RTC in local TZ: yes")
+    op = system.operations["time_sync"]
+    data = (stdout + WARNING_219).encode()
+    assert accepted(op, data) == {
+        "synchronized": "yes",
+        "ntp_service": None,
+        "time_zone": "America/Los_Angeles",
+        "rtc_in_local_tz": "yes",
+    }
+    near_misses_refused(op, data)
+
+
+def test_time_sync_reads_systemd_219_without_dst(system: Registry) -> None:
+    """In a zone without DST systemd 219 prints `DST active: n/a` and no change lines."""
+    head = time_sync_output("centos77").split(" Last DST change")[0]
+    stdout = head.replace("      DST active: yes", "      DST active: n/a").encode()
+    assert accepted(system.operations["time_sync"], stdout)["synchronized"] == "yes"
+
+
+def test_time_sync_runs_the_real_timedatectl_through_sshd(tmp_path: Path) -> None:
+    """This machine over sshd: its own answer, or without systemd as init the declared failure."""
+    seen: dict[str, Any] = {}
+
+    async def body(running: Running) -> None:
+        call = {"op": "call", "tool": "time_sync", "args": {"run_on": "local"}}
+        seen["answer"] = await running.ask(call)
+        seen["records"] = running.audit_records()
+
+    with running_sshd() as sshd:
+        with_daemon(
+            tmp_path,
+            body,
+            ssh=True,
+            hosts={"local": sshd.host_section()},
+            commands=CATALOG / "system",
+            schemas=CATALOG / "schemas",
+        )
+    (host,) = seen["answer"]["data"]["results"]
+    (result,) = (r for r in seen["records"] if r["type"] == "result")
+    (row,) = result["host_results"]
+    if Path("/run/systemd/system").is_dir():  # sd_booted(): systemd is PID 1
+        assert host["outcome"] == "success", host
+        assert set(host["data"]) == {"synchronized", "ntp_service", "time_zone", "rtc_in_local_tz"}
+    else:
+        assert host["outcome"] == "failure", host
+        assert host["error"]["code"] == "UPSTREAM_UNAVAILABLE"
+        assert row["reason"] == "declared_exit_status"
 
 
 def test_the_system_fixtures_pass_check() -> None:
