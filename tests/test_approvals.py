@@ -4,6 +4,7 @@ connecting from its own process, so SO_PEERCRED names it), the caller is this te
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -68,8 +69,8 @@ sys.stdout.write(out.decode())
 """
 
 
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
+@contextlib.contextmanager
+def approver_reachable_dir() -> Iterator[Path]:
     """A directory the approver's uid can reach (pytest's tmp_path is root's alone)."""
     path = Path(tempfile.mkdtemp(prefix="sshadapter-approve-"))
     path.chmod(0o755)
@@ -77,6 +78,12 @@ def socket_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    with approver_reachable_dir() as path:
+        yield path
 
 
 def approval_commands(
@@ -546,9 +553,10 @@ def test_an_mcp_call_with_a_progress_token_is_told_it_waits_for_approval(
     run(tmp_path, socket_dir, body, fleet=True)
 
 
-# The SDK (mcp 2.3) has the 2025-11-25 task types but no task client: its session checks a
-# tools/call answer as a CallToolResult. So these lines go to the bridge as a host's
-# transport writes them (RawBridge), and each answer is checked with the SDK's own types.
+# The Python SDK (mcp 2.3) has the 2025-11-25 task types but no task client: its session
+# checks a tools/call answer as a CallToolResult. So these lines go to the bridge as a
+# host's transport writes them (RawBridge), and each answer is checked with the SDK's own
+# types. The TypeScript SDK's task client drives the same calls in test_mcp_node.py.
 TASK_CALL: Final = {"name": TOOL, "arguments": ARGS, "task": {"ttl": 60_000}}
 
 
