@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import Awaitable, Callable, Collection, Mapping
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -194,3 +197,14 @@ def scripted_service(tmp_path: Path) -> Service:
         },
     )
     return assemble(config, runner=job_runner()).service
+
+
+@contextlib.contextmanager
+def approver_reachable_dir() -> Iterator[Path]:
+    """A directory another uid (an approver) can reach: pytest's tmp_path is root's alone."""
+    path = Path(tempfile.mkdtemp(prefix="sshadapter-approve-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -533,9 +533,10 @@ def test_an_mcp_call_with_a_progress_token_is_told_it_waits_for_approval(
     run(tmp_path, socket_dir, body, fleet=True)
 
 
-# The SDK (mcp 2.3) has the 2025-11-25 task types but no task client: its session checks a
-# tools/call answer as a CallToolResult. So these lines go to the bridge as a host's
-# transport writes them (RawBridge), and each answer is checked with the SDK's own types.
+# The Python SDK (mcp 2.3) has the 2025-11-25 task types but no task client: its session
+# checks a tools/call answer as a CallToolResult. So these lines go to the bridge as a
+# host's transport writes them (RawBridge), and each answer is checked with the SDK's own
+# types. The TypeScript SDK's task client drives the same calls in test_mcp_node.py.
 TASK_CALL: Final = {"name": TOOL, "arguments": ARGS, "task": {"ttl": 60_000}}
 
 

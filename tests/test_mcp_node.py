@@ -13,6 +13,7 @@ fail when CI is set.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+from daemon_harness import Running, approver_reachable_dir
 from mcp_fleet import (
     CANARY_CHOICES,
     FIRST_PAGE_NEXT,
@@ -36,7 +38,20 @@ from mcp_fleet import (
 )
 from mcp_harness import SHIPPED_TOOLS, TEST_TOOLS, Daemon, bridge_argv, running_daemon
 from sshd import running_sshd
+from test_approvals import (
+    APPROVER,
+    ARGS,
+    SYSTEM_PYTHON,
+    TOOL,
+    approval_records,
+    cli_as,
+    ended,
+    pending,
+    run,
+)
 
+from sshadapter.daemon.audit_verify import verify
+from sshadapter.mcp.tasks import MIN_TASK_TTL_MS
 from sshadapter.mcp.tools import TARGETS_TOOL
 
 CLIENTS = Path(__file__).resolve().parent / "mcp_clients"
@@ -424,3 +439,142 @@ done
     ]
     for check in ("server-initialize", "tools-name-format", "wire-schema-valid", "ping"):
         assert check in text
+
+
+# The official SDK's task client (sdk 1.32's client.experimental.tasks, 2025-11-25 tasks)
+# through tests/mcp_clients/drive_tasks.mjs, on the approval tests' daemon: job_rerun fans
+# out to the group `both` and waits for a person, the approver another uid (root needed).
+APPROVAL_TASKS = pytest.mark.skipif(
+    os.geteuid() != 0 or SYSTEM_PYTHON is None, reason="a second uid needs root and /usr/bin"
+)
+TASK_TTL_MS = 60_000  # asked; the bridge raises it to MIN_TASK_TTL_MS
+
+
+class TaskDriver:
+    """drive_tasks.mjs as a child of the test's event loop: its steps as they come."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.steps: list[dict[str, Any]] = []
+
+    @classmethod
+    async def start(cls, node: str, home: Path, socket_path: Path, cancel: bool) -> TaskDriver:
+        spec = {
+            "command": bridge_argv(socket_path),
+            "name": TOOL,
+            "arguments": {**ARGS, "run_on": "both"},
+            "ttl": TASK_TTL_MS,
+            "cancel": cancel,
+        }
+        process = await asyncio.create_subprocess_exec(
+            node,
+            str(CLIENTS / "drive_tasks.mjs"),
+            json.dumps(spec),
+            cwd=CLIENTS,
+            env=node_env(node, home),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        return cls(process)
+
+    async def until(self, step: str) -> dict[str, Any]:
+        """Read steps until ``step``; that one."""
+        assert self.process.stdout is not None
+        async with asyncio.timeout(NODE_TIMEOUT_SECONDS):
+            while line := await self.process.stdout.readline():
+                self.steps.append(json.loads(line))
+                if self.steps[-1]["step"] == step:
+                    return self.steps[-1]
+        raise AssertionError(f"no {step!r} step: {self.steps}")
+
+    async def finish(self) -> dict[str, dict[str, Any]]:
+        """The remaining steps, once the client exits 0; every step by name (the last)."""
+        assert self.process.stdout is not None and self.process.stdin is not None
+        self.process.stdin.close()
+        async with asyncio.timeout(NODE_TIMEOUT_SECONDS):
+            rest = await self.process.stdout.read()
+            assert await self.process.wait() == 0, self.steps
+        self.steps += [json.loads(line) for line in rest.splitlines()]
+        return {s["step"]: s for s in self.steps}
+
+
+def progress_of(driver: TaskDriver) -> list[tuple[Any, Any, Any]]:
+    """Each progress notification the client heard: (progress, total, message)."""
+    return [
+        (s["progress"]["progress"], s["progress"].get("total"), s["progress"].get("message"))
+        for s in driver.steps
+        if s["step"] == "progress"
+    ]
+
+
+@APPROVAL_TASKS
+def test_the_official_task_client_runs_an_approved_fan_out_as_a_task(
+    node: str, tmp_path: Path
+) -> None:
+    """callToolStream: created at once, polled while it waits, the result once approved.
+
+    The SDK hears progress ("waiting for approval", then 2 of 2 hosts); tasks/get says
+    completed, tasks/result is kept and read again, tasks/list holds the task.
+    """
+
+    async def body(running: Running) -> None:
+        driver = await TaskDriver.start(node, tmp_path, running.path, cancel=False)
+        connected = await driver.until("connected")
+        assert "call" in connected["capabilities"]["tasks"]["requests"]["tools"]
+        task = (await driver.until("created"))["task"]
+        assert (task["status"], task["ttl"]) == ("working", MIN_TASK_TTL_MS)
+        [entry] = await pending(running)
+        waiting = await driver.until("status")  # the stream's first tasks/get
+        assert waiting["task"]["statusMessage"] == "waiting for approval"
+        status, out, _ = await cli_as(
+            APPROVER, "approvals", "approve", entry["request_id"], "--socket", str(running.path)
+        )
+        assert status == 0, out
+        steps = await driver.finish()
+        result = steps["result"]["result"]
+        envelope = result["structuredContent"]  # validated by the SDK against outputSchema
+        assert envelope["outcome"] == "success" and envelope["request_id"] == entry["request_id"]
+        assert envelope["data"]["succeeded"] == 2
+        related = {"io.modelcontextprotocol/related-task": {"taskId": task["taskId"]}}
+        assert result["_meta"] == related
+        assert steps["get"]["task"]["status"] == "completed"
+        assert steps["again"]["result"] == result
+        assert [t["taskId"] for t in steps["list"]["tasks"]] == [task["taskId"]]
+        heard = progress_of(driver)
+        assert heard[0] == (0, None, "waiting for approval") and heard[-1] == (2, 2, None)
+        assert verify([running.audit_path]).ok
+
+    with approver_reachable_dir() as socket_dir:
+        run(tmp_path, socket_dir, body, fleet=True)
+
+
+@APPROVAL_TASKS
+def test_the_official_task_client_cancels_a_task_waiting_for_approval(
+    node: str, tmp_path: Path
+) -> None:
+    """cancelTask: the approval leaves the list, audited `caller_gone`; nothing runs.
+
+    The stream ends with the SDK's "was cancelled" error, tasks/get says cancelled and
+    tasks/result is refused.
+    """
+
+    async def body(running: Running) -> None:
+        driver = await TaskDriver.start(node, tmp_path, running.path, cancel=True)
+        task = (await driver.until("created"))["task"]
+        [entry] = await pending(running)
+        assert driver.process.stdin is not None
+        driver.process.stdin.write(b"cancel\n")
+        assert (await driver.until("cancelled"))["answer"]["status"] == "cancelled"
+        assert await pending(running, 0) == []
+        [end] = await ended(running)
+        assert (end["request_id"], end["reason"]) == (entry["request_id"], "approval_cancelled")
+        assert approval_records(running)[-1]["reason"] == "caller_gone"
+        steps = await driver.finish()
+        assert steps["end"]["error"]["message"].endswith(f"Task {task['taskId']} was cancelled")
+        assert steps["get"]["task"]["status"] == "cancelled"
+        assert steps["after"]["error"]["code"] == -32602  # a cancelled task has no result
+        assert not [r for r in running.audit_records() if r["type"] == "intent"]
+        assert verify([running.audit_path]).ok
+
+    with approver_reachable_dir() as socket_dir:
+        run(tmp_path, socket_dir, body, fleet=True)

@@ -255,13 +255,16 @@ listen = ""
 """
 
 
-def launch(config: Path, work: Path, name: str, package: Path = ROOT) -> tuple[Daemon, float]:
+def launch(
+    config: Path, work: Path, name: str, package: Path = ROOT, patches: str = ""
+) -> tuple[Daemon, float]:
     """``sshadapter serve --config`` through daemon_patches.SERVE (dies with this process),
-    the package imported from the tree ``package`` (another checkout, to compare)."""
+    the package imported from the tree ``package`` (another checkout, to compare), after
+    ``patches`` (code run in the daemon first: profile_fleet.py's recorder)."""
     setup = {
         "parent": os.getpid(),
         "loop_log": str(work / "loop.json"),
-        "patches": "",
+        "patches": patches,
         "config": str(config),
     }
     log = work / "daemon.log"
@@ -302,10 +305,10 @@ async def sshadapter_fanout(side: SshadapterSide, n: int, warm: bool) -> tuple[T
     return Timing(seconds, int(data.get("succeeded", 0)), note), len(answer)
 
 
-async def start_sshadapter(fleet: Fleet, work: Path) -> SshadapterSide:
+async def start_sshadapter(fleet: Fleet, work: Path, patches: str = "") -> SshadapterSide:
     """A daemon serving the fleet, ready (its socket answers ``list``)."""
     config, tools = write_sshadapter_files(fleet, work)
-    daemon, launched = launch(config, work, "fleet")
+    daemon, launched = launch(config, work, "fleet", patches=patches)
     await daemon.wait_ready()
     conn = await AgentConn.open(daemon.socket)
     conn.writer.write(b'{"op":"list"}\n')
