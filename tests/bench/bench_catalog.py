@@ -4,8 +4,9 @@ Run: ``python tests/bench/bench_catalog.py`` (about 30 s; ``--budget S``). A ben
 not a test: it exits 0 and prints figures (the issue asks for them, it sets no target).
 
 Every operation under ``sshadapter/catalog/<family>/`` (found there, so operations added
-to any family are measured too), loaded with the shared ``sshadapter/catalog/schemas/``
-as the daemon loads a family. For each, its largest accepted fixture: a real output,
+to any family are measured too), loaded as the daemon loads it: a configuration with
+every family on (``actions`` too, with one listed unit, and one listed certificate path,
+so the closed sets are injected). For each, its largest accepted fixture: a real output,
 since every accepted catalog fixture is one (PROVENANCE.md beside it). Judging is what
 the daemon does with a successful call's bytes (bench_offline.py's ``stage``):
 ``evaluate`` (stages 6-10) + ``seal`` + ``orjson.dumps``, with the fixture's arguments.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -34,13 +36,39 @@ sys.path.insert(0, str(ROOT / "tests"))
 from bench_offline import REQUEST_ID, run_interleaved  # noqa: E402
 from harness import loadavg, machine  # noqa: E402
 
+from sshadapter.catalog import catalog_operation_files  # noqa: E402
 from sshadapter.check.fixtures import Fixture, load_fixtures  # noqa: E402
+from sshadapter.config import load_config  # noqa: E402
 from sshadapter.contract.evaluate import evaluate, seal  # noqa: E402
-from sshadapter.contract.registry import Operation, load_registry  # noqa: E402
+from sshadapter.contract.registry import Operation  # noqa: E402
+from sshadapter.daemon.server import load  # noqa: E402
 from sshadapter.runners.interface import RunResult  # noqa: E402
 
-CATALOG: Final = ROOT / "sshadapter" / "catalog"
-SCHEMAS: Final = CATALOG / "schemas"
+# Every family on, the closed sets given one value each (a fixture's listed argument takes
+# the first value the configuration lists: docs/fixtures.md "Catalog cases").
+CONFIG: Final = """[paths]
+commands = "commands"
+schemas = "schemas"
+
+[approvals]
+uids = [0]
+
+[hosts.local]
+address = "127.0.0.1"
+user = "sshadapter"
+known_hosts = "known_hosts"
+dispatch = true
+
+[catalog]
+families = ["all", "actions"]
+
+[catalog.actions]
+targets = ["local"]
+units = ["nginx.service"]
+
+[catalog.maintenance]
+certificate_paths = ["/etc/ssl/certs/catalog-bench.pem"]
+"""
 BUDGET_S: Final = 30.0
 
 
@@ -53,11 +81,6 @@ class Case:
     fixture: Fixture
     floor_input: bytes
     """The equivalent JSON document ``orjson.loads`` parses."""
-
-
-def families() -> list[Path]:
-    """Every family directory of the catalog: a directory with command files."""
-    return sorted(d for d in CATALOG.iterdir() if d.is_dir() and any(d.glob("*.toml")))
 
 
 def largest_accepted(op: Operation) -> Fixture | None:
@@ -83,17 +106,29 @@ def judge(op: Operation, fixture: Fixture) -> bytes:
     return orjson.dumps(sealed)
 
 
+def catalog_operations() -> dict[str, Operation]:
+    """Every catalog operation, loaded through the daemon's loader with every family on."""
+    with tempfile.TemporaryDirectory() as directory:
+        base = Path(directory)
+        for name in ("commands", "schemas"):
+            (base / name).mkdir()
+        (base / "known_hosts").write_text("")
+        (base / "config.toml").write_text(CONFIG)
+        config, _ = load_config(base / "config.toml")
+        loaded = load(config, str(base / "config.toml"))
+    return dict(loaded.registry.operations)
+
+
 def cases() -> list[Case]:
     found = []
-    for family in families():
-        registry = load_registry(family, SCHEMAS, hosts=None)
-        for name in sorted(registry.operations):
-            op = registry.operations[name]
-            fixture = largest_accepted(op)
-            if fixture is None:
-                print(f"  {family.name}/{name}: no accepted fixture, not measured")
-                continue
-            found.append(Case(family.name, op, fixture, equivalent_json(op, fixture.stdout)))
+    operations = catalog_operations()
+    for path in catalog_operation_files():
+        op = operations[path.stem]
+        fixture = largest_accepted(op)
+        if fixture is None:
+            print(f"  {path.parent.name}/{op.name}: no accepted fixture, not measured")
+            continue
+        found.append(Case(path.parent.name, op, fixture, equivalent_json(op, fixture.stdout)))
     return found
 
 
