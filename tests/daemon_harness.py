@@ -16,7 +16,6 @@ from sshadapter.config import (
     Allow,
     ApprovalsSection,
     AuditSection,
-    CatalogSection,
     Config,
     Grant,
     GroupSection,
@@ -25,6 +24,7 @@ from sshadapter.config import (
     PoolSection,
     ServerSection,
 )
+from sshadapter.config_catalog import CatalogSection
 from sshadapter.daemon.assemble import assemble
 from sshadapter.daemon.audit import FsyncPolicy
 from sshadapter.daemon.offload import Judge
