@@ -6,23 +6,22 @@ Reference: docs/operations.md "Configuration" and config.example.toml.
 Relative paths in ``[paths]`` are resolved against the directory of the config
 file, so the same file works from a checkout and from ``/etc/sshadapter/``.
 There is deliberately no option to turn host key checking off.
+
+Beside it: config_section.py (the base every section shares), config_catalog.py
+(the ``[catalog]`` section) and config_read.py (the raw file and the wording of
+every mistake).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import tomllib
-import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Literal
 
 import orjson
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
@@ -37,12 +36,24 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from sshadapter.bounded_read import read_bounded
+from sshadapter.config_catalog import CatalogSection
+from sshadapter.config_read import (
+    ENV_NESTING,
+    ENV_PREFIX,
+    read_toml,
+    unparsed_variable,
+    validation_error,
+    variable_of,
+    with_host_defaults,
+)
+
+# Allow and TARGET_NAME are the configuration's words: read from here like its sections.
+from sshadapter.config_section import TARGET_NAME as TARGET_NAME
+from sshadapter.config_section import Allow as Allow
+from sshadapter.config_section import Section
 from sshadapter.errors import ConfigError
 
 DEFAULT_CONFIG_PATH: Final = Path("/etc/sshadapter/config.toml")
-ENV_PREFIX: Final = "SSHADAPTER_"
-ENV_NESTING: Final = "__"
 # A few sections and hosts written by hand: a larger file is a mistake, not a config.
 MAX_CONFIG_BYTES: Final = 1024 * 1024
 # The kernel's sockaddr_un holds 108 bytes with the terminating NUL: a longer socket_path
@@ -85,8 +96,6 @@ DEFAULT_KEEPALIVE_SECONDS: Final = 30.0  # notice a dead connection before a cal
 # host, so tens of thousands of hosts; a larger file is a mistake, not an inventory.
 MAX_INVENTORY_FILE_BYTES: Final = 8 * 1024 * 1024
 MAX_INVENTORY_FILES: Final = 1000  # files in the inventory directory; more is a mistake
-# A target is a host alias or a group name: one namespace, the agent's `target` argument.
-TARGET_NAME: Final = r"^[a-z][a-z0-9_-]{0,62}$"
 LABEL_WORD: Final = r"^[a-z][a-z0-9_-]{0,62}$"  # label keys and values: words, never patterns
 VIA_NAME: Final = r"^([a-z][a-z0-9_-]{0,62})?$"  # a host alias, or "" for a direct connection
 MAX_LABELS: Final = 32  # per host: labels select groups at load, they are not a database
@@ -109,19 +118,7 @@ DEFAULT_MAX_PENDING_APPROVALS: Final = 16
 MAX_PENDING_APPROVALS: Final = 1024
 
 
-class _Section(BaseModel):
-    # No inf or nan (TOML has both): a timeout that never ends is no timeout.
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-
-class Allow(_Section):
-    """Who may call: deny by default, a uid or a group name is enough."""
-
-    uids: tuple[Annotated[int, Field(ge=0)], ...] = ()
-    groups: tuple[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")], ...] = ()
-
-
-class ServerSection(_Section):
+class ServerSection(Section):
     socket_path: Path = Path("/run/sshadapter/sshadapter.sock")
 
     @field_validator("socket_path")
@@ -152,21 +149,21 @@ class ServerSection(_Section):
     )
 
 
-class PathsSection(_Section):
+class PathsSection(Section):
     commands: Path = Path("commands")
     schemas: Path = Path("schemas")
     inventory: str = ""
     """A directory of ``*.toml`` inventory files (hosts and groups); empty: none."""
 
 
-class AuditSection(_Section):
+class AuditSection(Section):
     path: Path = Path("/var/log/sshadapter/audit.jsonl")
     fsync: Literal["always", "batch", "never"] = "always"
     quarantine_dir: Path = Path("/var/lib/sshadapter/quarantine")
     quarantine_max_bytes: Annotated[int, Field(ge=0)] = DEFAULT_QUARANTINE_MAX_BYTES
 
 
-class MetricsSection(_Section):
+class MetricsSection(Section):
     listen: str = ""  # "127.0.0.1:9464"; empty: no metrics listener
 
     @field_validator("listen")
@@ -191,14 +188,14 @@ class MetricsSection(_Section):
         return None if found is None else (found[1].strip("[]"), int(found[2]))
 
 
-class LoggingSection(_Section):
+class LoggingSection(Section):
     """The daemon's log lines on stderr (docs/operations.md "Logs"); read at start."""
 
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["text", "json"] = "text"
 
 
-class HostSection(_Section):
+class HostSection(Section):
     @model_validator(mode="after")
     def _one_certified_key(self) -> HostSection:
         if self.certificate and self.credential_certificate:
@@ -251,9 +248,9 @@ def _optional(field: Any) -> Any:
 
 # `[host_defaults]`: every HostSection key, none required; a host inherits each key it does
 # not set (labels: merged, the host's own win).
-HostDefaults: Final[type[_Section]] = create_model(  # type: ignore[call-overload]
+HostDefaults: Final[type[Section]] = create_model(  # type: ignore[call-overload]
     "HostDefaults",
-    __base__=_Section,
+    __base__=Section,
     **{
         name: (_optional(field), None)
         for name, field in HostSection.model_fields.items()
@@ -262,7 +259,7 @@ HostDefaults: Final[type[_Section]] = create_model(  # type: ignore[call-overloa
 )
 
 
-class GroupSection(_Section):
+class GroupSection(Section):
     """A named, closed set of hosts, resolved at load (sshadapter/inventory.py)."""
 
     match: dict[
@@ -275,7 +272,7 @@ class GroupSection(_Section):
     """Host aliases or other groups, taken away last."""
 
 
-class Grant(_Section):
+class Grant(Section):
     """Who (uids, unix groups) may run which tools on which targets: deny by default."""
 
     uids: tuple[Annotated[int, Field(ge=0)], ...] = ()
@@ -286,7 +283,7 @@ class Grant(_Section):
     targets: tuple[Annotated[str, Field(pattern=TARGET_NAME)], ...] = Field(min_length=1)
 
 
-class ApprovalsSection(_Section):
+class ApprovalsSection(Section):
     """Who may approve or deny calls that wait for a person (docs/protocol.md "Approval")."""
 
     uids: tuple[Annotated[int, Field(ge=0)], ...] = ()
@@ -296,7 +293,7 @@ class ApprovalsSection(_Section):
     )
 
 
-class PoolSection(_Section):
+class PoolSection(Section):
     """The SSH connections of all hosts together (docs/operations.md "SSH")."""
 
     max_connections_total: Annotated[int, Field(ge=1)] = DEFAULT_MAX_CONNECTIONS_TOTAL
@@ -306,103 +303,7 @@ class PoolSection(_Section):
     warm: tuple[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")], ...] = ()
 
 
-# The catalog's families: the directories of sshadapter/catalog/ (docs/catalog.md).
-CATALOG_FAMILIES: Final = (
-    "system",
-    "compute",
-    "storage",
-    "services",
-    "processes",
-    "network",
-    "logs",
-    "maintenance",
-    "actions",
-)
-# `families = ["all"]`: every family but the mutating one, which is named or not enabled.
-CATALOG_ALL: Final = "all"
-MUTATING_FAMILY: Final = "actions"
-CATALOG_TOOL_NAME: Final = r"^[a-z][a-z0-9_]{1,62}$"
-# systemd.unit(5) names: the characters systemd allows in a name (no backslash escapes: an
-# operator lists plain names), a type suffix, at most 255 characters.
-UNIT_NAME: Final = (
-    r"^[A-Za-z0-9][A-Za-z0-9:_.@-]{0,240}\.(service|socket|timer|target|path|mount|slice)$"
-)
-# An absolute path of plain characters (a certificate an operator lists): no space, no
-# quote, nothing a sudoers or policy line would have to escape.
-CERTIFICATE_PATH: Final = r"^/[A-Za-z0-9._/+@-]{1,254}$"
-MAX_CATALOG_LIST: Final = 256  # units or certificates an operator lists by hand
-
-
-class CatalogFamily(_Section):
-    """`[catalog.<family>]`: where a family's operations run and who may call them."""
-
-    targets: tuple[Annotated[str, Field(pattern=TARGET_NAME)], ...] | None = Field(
-        default=None, min_length=1, max_length=MAX_CATALOG_LIST
-    )
-    """Replaces every command file's `targets`; None: the files' own (["all"])."""
-    allow: Allow | None = None
-    """Replaces every command file's `allow`; None: the files' own ([server] allow)."""
-    exclude: tuple[Annotated[str, Field(pattern=CATALOG_TOOL_NAME)], ...] = ()
-    """Operations of the family left out."""
-
-
-class MaintenanceFamily(CatalogFamily):
-    certificate_paths: tuple[Annotated[str, Field(pattern=CERTIFICATE_PATH)], ...] = Field(
-        default=(), max_length=MAX_CATALOG_LIST
-    )
-    """The certificates cert_expiry may read: its `path` parameter's enum."""
-
-
-class ActionsFamily(CatalogFamily):
-    units: tuple[Annotated[str, Field(pattern=UNIT_NAME)], ...] = Field(
-        default=(), max_length=MAX_CATALOG_LIST
-    )
-    """The units the actions may restart, reload or reset: their `unit` parameter's enum."""
-
-
-class CatalogSection(_Section):
-    """Which families of the shipped catalog load, and their overrides (docs/catalog.md)."""
-
-    families: tuple[str, ...] = ()
-    system: CatalogFamily = CatalogFamily()
-    compute: CatalogFamily = CatalogFamily()
-    storage: CatalogFamily = CatalogFamily()
-    services: CatalogFamily = CatalogFamily()
-    processes: CatalogFamily = CatalogFamily()
-    network: CatalogFamily = CatalogFamily()
-    logs: CatalogFamily = CatalogFamily()
-    maintenance: MaintenanceFamily = MaintenanceFamily()
-    actions: ActionsFamily = ActionsFamily()
-
-    @field_validator("families")
-    @classmethod
-    def _named_families(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in value:
-            if name != CATALOG_ALL and name not in CATALOG_FAMILIES:
-                raise ValueError(
-                    f"no family {name!r}; the families are {', '.join(CATALOG_FAMILIES)}, "
-                    f"or {CATALOG_ALL!r} (every one but {MUTATING_FAMILY!r})"
-                )
-        if len(set(value)) != len(value):
-            raise ValueError("a family is listed twice")
-        return value
-
-    @property
-    def enabled(self) -> tuple[str, ...]:
-        """The enabled families, in catalog order."""
-        named = set(self.families)
-        return tuple(
-            name
-            for name in CATALOG_FAMILIES
-            if name in named or (CATALOG_ALL in named and name != MUTATING_FAMILY)
-        )
-
-    def family(self, name: str) -> CatalogFamily:
-        found: CatalogFamily = getattr(self, name)
-        return found
-
-
-class ConfigFile(_Section):
+class ConfigFile(Section):
     """What the TOML file may say: checked strictly (its values have real types)."""
 
     server: ServerSection = ServerSection()
@@ -463,20 +364,20 @@ def load_config(path: Path | None) -> tuple[Config, Path]:
     base = Path.cwd()
     name = str(path) if path else "<defaults>"
     if path is not None:
-        data = _read_toml(path, MAX_CONFIG_BYTES)
+        data = read_toml(path, MAX_CONFIG_BYTES)
         base = path.resolve().parent
-    data = _with_host_defaults(data, {})
+    data = with_host_defaults(data, {})
     try:
         ConfigFile.model_validate_json(orjson.dumps(data), strict=True)
     except ValidationError as exc:
-        raise _validation_error(name, exc) from exc
+        raise validation_error(name, exc) from exc
     try:  # the file is valid: what fails now came from the environment
         config = Config(**data)
     except ValidationError as exc:
         loc = [str(p) for p in exc.errors()[0]["loc"]]
-        raise _validation_error(_variable_of(loc) or "the environment", exc) from exc
+        raise validation_error(variable_of(loc) or "the environment", exc) from exc
     except SettingsError as exc:  # a table's variable that is not JSON
-        raise _unparsed_variable(exc) from exc
+        raise unparsed_variable(exc, Config) from exc
     inventory = base / config.paths.inventory if config.paths.inventory else None
     paths = PathsSection(
         commands=base / config.paths.commands,
@@ -505,49 +406,12 @@ def load_config(path: Path | None) -> tuple[Config, Path]:
     return loaded, base
 
 
-class InventoryFile(_Section):
+class InventoryFile(Section):
     """What one file of the inventory directory may say."""
 
     host_defaults: HostDefaults = HostDefaults()  # type: ignore[valid-type]
     hosts: dict[Annotated[str, Field(pattern=TARGET_NAME)], HostSection] = {}
     groups: dict[Annotated[str, Field(pattern=TARGET_NAME)], GroupSection] = {}
-
-
-def _read_toml(path: Path, max_bytes: int) -> dict[str, Any]:
-    raw = read_bounded(path, max_bytes)
-    try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), "", f"not UTF-8 (byte {exc.start})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(str(path), "", f"not valid TOML: {exc}") from exc
-
-
-def _with_host_defaults(data: dict[str, Any], outer: Any) -> dict[str, Any]:
-    """``data`` with ``[host_defaults]`` (over ``outer``, the config file's) written into each
-    of its hosts: a key a host sets wins; labels are merged, the host's own winning.
-
-    Anything not a table is left for validation to name.
-    """
-    mine = data.get("host_defaults", {})
-    hosts = data.get("hosts")
-    if not isinstance(mine, dict) or not isinstance(outer, dict) or not isinstance(hosts, dict):
-        return data
-    defaults = {**outer, **mine}
-    if isinstance(outer.get("labels"), dict) and isinstance(mine.get("labels"), dict):
-        defaults["labels"] = {**outer["labels"], **mine["labels"]}
-    if not defaults:
-        return data
-    merged = {}
-    for alias, host in hosts.items():
-        if not isinstance(host, dict):
-            merged[alias] = host
-            continue
-        entry = {**defaults, **host}
-        if isinstance(defaults.get("labels"), dict) and isinstance(host.get("labels"), dict):
-            entry["labels"] = {**defaults["labels"], **host["labels"]}
-        merged[alias] = entry
-    return {**data, "hosts": merged}
 
 
 def _inventory_files(directory: Path, config_name: str) -> list[Path]:
@@ -563,87 +427,8 @@ def _inventory_files(directory: Path, config_name: str) -> list[Path]:
 
 
 def _read_inventory_file(path: Path, defaults: Any) -> InventoryFile:
-    data = _with_host_defaults(_read_toml(path, MAX_INVENTORY_FILE_BYTES), defaults)
+    data = with_host_defaults(read_toml(path, MAX_INVENTORY_FILE_BYTES), defaults)
     try:
         return InventoryFile.model_validate_json(orjson.dumps(data), strict=True)
     except ValidationError as exc:
-        raise _validation_error(str(path), exc) from exc
-
-
-def _validation_error(name: str, exc: ValidationError) -> ConfigError:
-    first = exc.errors()[0]
-    key = ".".join(str(p) for p in first["loc"])
-    return ConfigError(name, key, _pydantic_reason(first))
-
-
-def _pydantic_reason(error: Any) -> str:
-    loc = tuple(error["loc"])
-    if error["type"] == "extra_forbidden" and len(loc) == 2 and loc[0] == "catalog":
-        return f"no family {loc[1]!r}; the families are {', '.join(CATALOG_FAMILIES)}"
-    if error["type"] == "extra_forbidden":
-        return "unknown key"
-    if error["type"] == "missing":
-        return "required key is missing"
-    return str(error["msg"]).removeprefix("Value error, ")
-
-
-def _variables() -> dict[str, str]:
-    """Our environment variables by upper-case name (pydantic-settings ignores case)."""
-    return {k.upper(): k for k in os.environ if k.upper().startswith(ENV_PREFIX)}
-
-
-def _variable_of(loc: Sequence[str]) -> str:
-    """The variable that set ``loc`` or a table around it, as ``$NAME``; empty if none did."""
-    names = _variables()
-    for end in range(len(loc), 0, -1):
-        wanted = ENV_PREFIX + ENV_NESTING.join(loc[:end]).upper()
-        if wanted in names:
-            return f"${names[wanted]}"
-    return ""
-
-
-def _unparsed_variable(exc: SettingsError) -> ConfigError:
-    """The variable whose value pydantic-settings could not read as JSON, and why.
-
-    A table or a list (``SSHADAPTER_SERVER__ALLOW``, ``..._ALLOW__UIDS``) is given as
-    JSON; pydantic-settings names only the top-level field, so the variables under it
-    are tried here the same way.
-    """
-    found = re.search(r'field "([^"]+)"', str(exc))
-    field = found[1].upper() if found else ""
-    for upper, name in sorted(_variables().items()):
-        parts = upper.removeprefix(ENV_PREFIX).lower().split(ENV_NESTING)
-        if parts[0] != field.lower() or not _wants_json(parts):
-            continue
-        try:
-            json.loads(os.environ[name])
-        except ValueError as error:
-            key = ".".join(parts)
-            return ConfigError(f"${name}", key, f"not JSON, which a table or list needs: {error}")
-    return ConfigError("the environment", field.lower(), f"cannot be read: {exc}")
-
-
-def _wants_json(parts: Sequence[str]) -> bool:
-    """Whether the key at ``parts`` is a table or a list: its environment value is JSON."""
-    kind: Any = Config
-    for part in parts:
-        kind = _unwrapped(kind)
-        if isinstance(kind, type) and issubclass(kind, BaseModel):
-            field = kind.model_fields.get(part)
-            if field is None:
-                return False
-            kind = field.annotation
-        elif get_origin(kind) is dict:
-            kind = get_args(kind)[1]
-        else:
-            return False
-    kind = _unwrapped(kind)
-    is_model = isinstance(kind, type) and issubclass(kind, BaseModel)
-    return is_model or get_origin(kind) in (dict, tuple, list)
-
-
-def _unwrapped(kind: Any) -> Any:
-    """``kind`` without ``Annotated`` and without ``None`` in a union."""
-    while get_origin(kind) in (Annotated, Union, types.UnionType):
-        kind = next(a for a in get_args(kind) if a is not type(None))
-    return kind
+        raise validation_error(str(path), exc) from exc

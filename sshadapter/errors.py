@@ -249,7 +249,7 @@ class RequestError(SshadapterError):
         self.detail = detail
         self.hint = hint
         """What the agent may be told to correct (``error.hint``): built only from the
-        operation's schema and the agent's own keys (registry.argument_hint), or None."""
+        operation's schema and the agent's own keys (params.argument_hint), or None."""
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
 

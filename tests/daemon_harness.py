@@ -19,7 +19,6 @@ from sshadapter.config import (
     Allow,
     ApprovalsSection,
     AuditSection,
-    CatalogSection,
     Config,
     Grant,
     GroupSection,
@@ -28,6 +27,7 @@ from sshadapter.config import (
     PoolSection,
     ServerSection,
 )
+from sshadapter.config_catalog import CatalogSection
 from sshadapter.daemon.assemble import assemble
 from sshadapter.daemon.audit import FsyncPolicy
 from sshadapter.daemon.offload import Judge

@@ -15,7 +15,7 @@ from daemon_harness import ROOT, scripted_service
 
 from sshadapter.contract import envelope
 from sshadapter.contract.codes import HINT_RULES
-from sshadapter.contract.registry import argument_hint
+from sshadapter.contract.params import argument_hint
 from sshadapter.contract.schemas import SchemaSet
 from sshadapter.daemon.authorize import Peer
 from sshadapter.errors import EvidenceError

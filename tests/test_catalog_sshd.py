@@ -29,7 +29,7 @@ from test_integration import write_config as integration_config
 
 from sshadapter.catalog import LISTED_PARAMETERS, catalog_operation_files, listed_parameters
 from sshadapter.check.catalog_doc import SYSTEMD_PROGRAMS, program
-from sshadapter.config import MUTATING_FAMILY
+from sshadapter.config_catalog import MUTATING_FAMILY
 from sshadapter.contract.commandfile import CommandFile, parse_command_file, read_command_bytes
 
 ROOT: Final = Path(__file__).resolve().parents[1]

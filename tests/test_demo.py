@@ -15,13 +15,8 @@ from typing import Any
 
 import pytest
 
-from sshadapter.demo import (
-    FLEET_BANNER_HOST,
-    FLEET_GROUP,
-    FLEET_LOADS,
-    FLEET_MAX_RESULTS,
-    FLEET_TOOL,
-)
+from sshadapter.demo import FLEET_GROUP, FLEET_MAX_RESULTS, FLEET_TOOL
+from sshadapter.demo_hosts import FLEET_BANNER_HOST, FLEET_LOADS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ from typing import Any, Final
 import orjson
 
 from sshadapter.bounded_read import read_bounded
-from sshadapter.config import MUTATING_FAMILY, CatalogFamily, CatalogSection
+from sshadapter.config_catalog import MUTATING_FAMILY, CatalogFamily, CatalogSection
 from sshadapter.errors import ConfigError
 
 CATALOG_DIR: Final = Path(__file__).resolve().parent

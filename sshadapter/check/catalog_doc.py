@@ -21,7 +21,7 @@ from sshadapter.catalog import (
     catalog_operation_files,
     listed_parameters,
 )
-from sshadapter.config import CATALOG_FAMILIES, MUTATING_FAMILY
+from sshadapter.config_catalog import CATALOG_FAMILIES, MUTATING_FAMILY
 from sshadapter.contract.commandfile import CommandFile, parse_command_file, read_command_bytes
 
 PROVEN_PREFIX: Final = "Proven on: "

@@ -1,4 +1,5 @@
-"""A command file's parameters: the keywords they may use, their closed schema, their warnings.
+"""A command file's parameters: the keywords they may use, their closed schema, their warnings,
+and the hint an agent gets when its arguments fail that schema.
 
 Reference: docs/command-files.md "params". Every string parameter is constrained
 (a ``pattern`` or an ``enum``), every integer bounded, and no keyword opens a schema
@@ -13,10 +14,11 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from sshadapter.contract.argv import ArgvTemplate
+from sshadapter.contract.codes import HINT_PARAMETER_PATTERN, HINT_RULES
 from sshadapter.contract.commandfile import CommandFile
 from sshadapter.contract.schemas import DRAFT_2020_12, pattern_refusal
 from sshadapter.errors import ConfigError
@@ -254,3 +256,36 @@ def _category_has(category: Any, char: int, *, surely: bool) -> bool:
     if category in (c.CATEGORY_NOT_DIGIT, c.CATEGORY_NOT_WORD):
         return True
     return not surely  # another category (line breaks): unknown, so taken as admitting
+
+
+HINT_PARAMETER: Final = re.compile(HINT_PARAMETER_PATTERN)
+
+
+def argument_hint(
+    schema: Mapping[str, Any], args: Mapping[str, Any], schema_path: str
+) -> dict[str, str] | None:
+    """``error.hint`` for arguments that failed ``schema`` at ``schema_path`` (the first
+    failing keyword): which parameter and which rule (codes.HINT_RULES), from the schema's
+    own names and the agent's own keys only, never a value. None when the keyword is none
+    of the rules (no hint rather than a wrong one)."""
+    properties: Mapping[str, Any] = schema.get("properties", {})
+    keyword, *rest = schema_path.strip("/").split("/")
+    if keyword == "additionalProperties":
+        extra = sorted(k for k in args if k not in properties)
+        return _hint(extra[0] if extra else None, "unknown")
+    if keyword == "required":
+        missing = sorted(n for n in schema.get("required", ()) if n not in args)
+        return _hint(missing[0] if missing else None, "missing")
+    if keyword == "properties" and len(rest) >= 2:
+        name, rule = rest[0], rest[1]
+        if name in properties and rule in HINT_RULES:
+            return {"parameter": name, "rule": rule}
+    return None
+
+
+def _hint(parameter: str | None, rule: str) -> dict[str, str]:
+    """A hint naming ``parameter`` only when it fits HINT_PARAMETER (a key the agent made up
+    may be anything: long, not an identifier); the rule alone otherwise."""
+    if parameter is not None and HINT_PARAMETER.fullmatch(parameter):
+        return {"parameter": parameter, "rule": rule}
+    return {"rule": rule}

@@ -5,6 +5,9 @@ placeholder is a declared parameter and every parameter is used; every string
 parameter is constrained; the fields named by checks and projection are
 properties of the output schema. A directory loads whole or not at all: the
 first bad file raises ConfigError naming the file, the key and the reason.
+
+Beside it: sources.py (the bytes a registry is built from) and crosscheck.py (one
+file's keys checked together and against its schema, and its output parser built).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import orjson
 
@@ -24,34 +27,26 @@ from sshadapter.catalog import LISTED_PARAMETERS, NO_CATALOG, CatalogFile, Catal
 from sshadapter.catalog import SCHEMAS_DIR as CATALOG_SCHEMAS_DIR
 from sshadapter.contract import envelope
 from sshadapter.contract.argv import ArgvElement, ArgvTemplate, parse_template
-from sshadapter.contract.codes import (
-    HINT_PARAMETER_PATTERN,
-    HINT_RULES,
-    RESERVED_TOOL_PREFIX,
-    SYSTEM_TOOL,
-    TOOL_NAME_PATTERN,
-)
+from sshadapter.contract.codes import RESERVED_TOOL_PREFIX, SYSTEM_TOOL, TOOL_NAME_PATTERN
 from sshadapter.contract.commandfile import CommandFile, parse_command_file, read_command_bytes
-from sshadapter.contract.exitstatus import ByStderr, ExitCodes, ExitMeaning
-from sshadapter.contract.extract import (
-    DEFAULT_MAX_ROWS,
-    KEY_GROUP,
-    JsonFormat,
-    JsonlFormat,
-    KvFormat,
-    LinesFormat,
-    OutputFormat,
-    RegexFormat,
+from sshadapter.contract.crosscheck import (
+    build_parser,
+    check_extracted_fields,
+    check_fields,
+    check_optional_keys,
+    exit_codes,
 )
-from sshadapter.contract.linear_regex import LinearPattern, LinearRegexError, compile_linear
-from sshadapter.contract.params import check_params_used, param_warnings, params_schema_of
+from sshadapter.contract.exitstatus import ExitCodes, ExitMeaning
+from sshadapter.contract.extract import OutputFormat
+from sshadapter.contract.params import (
+    argument_hint,
+    check_params_used,
+    param_warnings,
+    params_schema_of,
+)
 from sshadapter.contract.root import RootCommand, root_command, sudo_prefix
-from sshadapter.contract.schemas import (
-    LoadedSchema,
-    SchemaSet,
-    Validator,
-    read_schema_files,
-)
+from sshadapter.contract.schemas import LoadedSchema, SchemaSet, Validator
+from sshadapter.contract.sources import RegistrySource
 from sshadapter.errors import ConfigError, EvidenceError, RequestError
 
 TOOL_NAME: Final = re.compile(TOOL_NAME_PATTERN)
@@ -139,98 +134,6 @@ class Operation:
             where = exc.instance_path or "/"
             hint = argument_hint(self.params_schema, args, exc.schema_path)
             raise RequestError("bad_arguments", f"{where}: {exc.detail[:200]}", hint) from exc
-
-
-HINT_PARAMETER: Final = re.compile(HINT_PARAMETER_PATTERN)
-
-
-def argument_hint(
-    schema: Mapping[str, Any], args: Mapping[str, Any], schema_path: str
-) -> dict[str, str] | None:
-    """``error.hint`` for arguments that failed ``schema`` at ``schema_path`` (the first
-    failing keyword): which parameter and which rule (codes.HINT_RULES), from the schema's
-    own names and the agent's own keys only, never a value. None when the keyword is none
-    of the rules (no hint rather than a wrong one)."""
-    properties: Mapping[str, Any] = schema.get("properties", {})
-    keyword, *rest = schema_path.strip("/").split("/")
-    if keyword == "additionalProperties":
-        extra = sorted(k for k in args if k not in properties)
-        return _hint(extra[0] if extra else None, "unknown")
-    if keyword == "required":
-        missing = sorted(n for n in schema.get("required", ()) if n not in args)
-        return _hint(missing[0] if missing else None, "missing")
-    if keyword == "properties" and len(rest) >= 2:
-        name, rule = rest[0], rest[1]
-        if name in properties and rule in HINT_RULES:
-            return {"parameter": name, "rule": rule}
-    return None
-
-
-def _hint(parameter: str | None, rule: str) -> dict[str, str]:
-    """A hint naming ``parameter`` only when it fits HINT_PARAMETER (a key the agent made up
-    may be anything: long, not an identifier); the rule alone otherwise."""
-    if parameter is not None and HINT_PARAMETER.fullmatch(parameter):
-        return {"parameter": parameter, "rule": rule}
-    return {"rule": rule}
-
-
-@dataclass(frozen=True)
-class RegistrySource:
-    """The bytes a registry is built from, read once: the same bytes build the same registry
-    anywhere (the evaluation workers build theirs from it)."""
-
-    commands_dir: Path
-    schemas_dir: Path
-    commands: Mapping[str, bytes]
-    """`<tool>.toml` -> bytes."""
-    schemas: Mapping[str, bytes]
-    """`<name>.json` -> bytes."""
-    dispatch_hosts: frozenset[str] = frozenset()
-    """Host aliases behind sshadapter-dispatch (`dispatch = true`): their operations must
-    be ones the dispatcher can enforce: ``dispatch.policy.host_policies`` builds their
-    policies from the registry (docs/dispatcher.md)."""
-    dispatch_groups: frozenset[str] = frozenset()
-    """Groups with at least one dispatch host among their members."""
-    catalog: CatalogSource = NO_CATALOG
-    """The catalog families the configuration enables (sshadapter/catalog/), read once."""
-
-    @classmethod
-    def read(
-        cls,
-        commands_dir: Path,
-        schemas_dir: Path,
-        dispatch_hosts: Collection[str] = (),
-        dispatch_groups: Collection[str] = (),
-        catalog: CatalogSource = NO_CATALOG,
-    ) -> RegistrySource:
-        if not commands_dir.is_dir():
-            raise ConfigError(str(commands_dir), "", "commands directory does not exist")
-        commands = {p.name: read_command_bytes(p) for p in sorted(commands_dir.glob("*.toml"))}
-        schemas = read_schema_files(schemas_dir)
-        return cls(
-            commands_dir,
-            schemas_dir,
-            commands,
-            schemas,
-            frozenset(dispatch_hosts),
-            frozenset(dispatch_groups),
-            catalog,
-        )
-
-    @property
-    def digest(self) -> str:
-        """sha256 over every file name and content: changes whenever any file does."""
-        h = hashlib.sha256()
-        for kind, files in (("commands", self.commands), ("schemas", self.schemas)):
-            for name, raw in sorted(files.items()):
-                h.update(f"{kind}/{name}\0{len(raw)}\0".encode())
-                h.update(raw)
-        for alias in sorted(self.dispatch_hosts):
-            h.update(f"dispatch/{alias}\0".encode())
-        for group in sorted(self.dispatch_groups):
-            h.update(f"dispatch-group/{group}\0".encode())
-        self.catalog.update(h)
-        return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -384,10 +287,10 @@ def load_operation(
             + argv.elements
         )
     schema = schemas.get(spec.output.schema_file, file=file, key="output.schema")
-    _check_fields(file, spec, schema)
-    _check_optional_keys(file, spec, schema)
-    parser = _build_parser(file, spec)
-    _check_extracted_fields(file, spec, schema, parser)
+    check_fields(file, spec, schema)
+    check_optional_keys(file, spec, schema)
+    parser = build_parser(file, spec)
+    check_extracted_fields(file, spec, schema, parser)
     projection = schemas.project(schema, spec.agent.fields, rows=spec.agent.rows)
     declares_not_found = "NOT_FOUND" in spec.output.meanings
     env_schema = envelope.envelope_schema(
@@ -414,7 +317,7 @@ def load_operation(
         sha256=_sha256(raw, overrides),
         spec=spec,
         argv=argv,
-        exit_codes=_exit_codes(file, spec),
+        exit_codes=exit_codes(file, spec),
         params_schema=params_schema,
         params_validator=schemas.compile(params_schema, file=file),
         parser=parser,
@@ -444,159 +347,3 @@ def _sha256(raw: bytes, overrides: Mapping[str, Any] | None) -> str:
     if overrides:
         h.update(b"\0" + orjson.dumps(overrides, option=orjson.OPT_SORT_KEYS))
     return h.hexdigest()
-
-
-def _check_fields(file: str, spec: CommandFile, schema: LoadedSchema) -> None:
-    """Fields named by checks and projection must be top-level properties of the schema."""
-    properties = schema.contents.get("properties", {})
-    for name in spec.agent.fields:
-        if name not in properties:
-            raise ConfigError(file, "agent.fields", f"{name!r} is not a property of {schema.name}")
-    if len(set(spec.agent.fields)) != len(spec.agent.fields):
-        raise ConfigError(file, "agent.fields", "a field is listed twice")
-    if spec.agent.rows is not None and (
-        "rows" not in spec.agent.fields or properties.get("rows", {}).get("type") != "array"
-    ):
-        raise ConfigError(
-            file, "agent.rows", f"needs `rows` in agent.fields, an array in {schema.name}"
-        )
-    for field, param in spec.checks.equal.items():
-        if field not in properties:
-            raise ConfigError(file, f"checks.equal.{field}", f"not a property of {schema.name}")
-        if param not in spec.params:
-            raise ConfigError(file, f"checks.equal.{field}", f"{param!r} is not a parameter")
-    if spec.checks.fresh and spec.checks.fresh.field not in properties:
-        raise ConfigError(file, "checks.fresh.field", f"not a property of {schema.name}")
-
-
-def _check_optional_keys(file: str, spec: CommandFile, schema: LoadedSchema) -> None:
-    """A key the command may leave out cannot be one the schema requires."""
-    required = set(schema.contents.get("required", ()))
-    for key in spec.output.optional_keys:
-        if key in required:
-            raise ConfigError(
-                file, "output.optional_keys", f"{key!r} may be absent but {schema.name} requires it"
-            )
-
-
-def _check_extracted_fields(
-    file: str, spec: CommandFile, schema: LoadedSchema, parser: OutputFormat
-) -> None:
-    """Every field a text extractor makes must be a property the schema declares.
-
-    Otherwise each accepted output fails at the schema stage (an unknown property
-    of a closed object), and the fixtures say so without saying why.
-    """
-    out = spec.output
-    if isinstance(parser, RegexFormat):
-        key, fields, row = "output.pattern", parser.pattern.groups, schema.contents
-    elif isinstance(parser, LinesFormat) and parser.count_by is not None:
-        key, fields, row = "output.count_by", ("total", "counts"), schema.contents
-    elif isinstance(parser, LinesFormat):
-        if out.shape == "keyed":
-            return  # its members are named by the output, and the schema bounds their names
-        key, fields = "output.row", parser.row.groups
-        row = schema.contents if out.shape == "one" else _rows_item(schema.contents)
-    elif isinstance(parser, KvFormat):
-        key, fields, row = "output.keys", (*parser.keys, *parser.optional), schema.contents
-    else:
-        return
-    properties = row.get("properties") if isinstance(row, dict) else None
-    if not isinstance(properties, dict):
-        return  # a row schema this check cannot read (composed, or in another file)
-    for name in fields:
-        if name not in properties:
-            where = schema.name if row is schema.contents else f"a row in {schema.name}"
-            raise ConfigError(
-                file,
-                key,
-                f"field {name!r} is not a property of {where}: every output would fail the schema",
-            )
-
-
-def _rows_item(contents: Mapping[str, Any]) -> Any:
-    """The schema of one row of ``{"rows": [...]}``, following a local ``$ref``."""
-    item = contents.get("properties", {}).get("rows", {}).get("items")
-    ref = item.get("$ref") if isinstance(item, dict) else None
-    if isinstance(ref, str) and ref.startswith("#/"):
-        node: Any = contents
-        for part in ref[2:].split("/"):
-            node = (
-                node.get(part.replace("~1", "/").replace("~0", "~"), {})
-                if isinstance(node, dict)
-                else {}
-            )
-        return node
-    return item
-
-
-def compile_pattern(file: str, key: str, pattern: str) -> LinearPattern:
-    """An operator's pattern (an extractor's or a stderr case's), or ConfigError naming its key.
-
-    Compiled by RE2, linear in the text it runs on (see linear_regex).
-    """
-    try:
-        return compile_linear(pattern)
-    except LinearRegexError as exc:
-        raise ConfigError(
-            file,
-            key,
-            f"not a valid regular expression for the linear-time engine (RE2): {exc} "
-            "(it has no lookaround, backreferences, possessive or atomic groups; "
-            "write \\Z as \\z)",
-        ) from exc
-
-
-def _exit_codes(file: str, spec: CommandFile) -> ExitCodes:
-    table: dict[int, str | ByStderr] = {}
-    for status, entry in spec.output.exit_codes.items():
-        if isinstance(entry, str):
-            table[int(status)] = entry
-            continue
-        if entry.if_stderr_matches is None:
-            test: Literal["empty"] | LinearPattern = "empty"
-        else:
-            key = f"output.exit_codes.{status}.if_stderr_matches"
-            test = compile_pattern(file, key, entry.if_stderr_matches)
-        table[int(status)] = ByStderr(test, entry.then, entry.otherwise)
-    return ExitCodes(table)
-
-
-def _build_parser(file: str, spec: CommandFile) -> OutputFormat:
-    out = spec.output
-
-    def compile_(key: str, pattern: str) -> LinearPattern:
-        return compile_pattern(file, f"output.{key}", pattern)
-
-    def check_types(groups: Collection[str]) -> None:
-        for name in out.types:
-            if name not in groups:
-                raise ConfigError(file, f"output.types.{name}", "no such field in the extractor")
-
-    if out.format == "json":
-        return JsonFormat(out.max_bytes, out.max_depth, out.wrap)
-    if out.format == "jsonl":
-        return JsonlFormat(out.max_bytes, out.max_depth, out.max_rows or DEFAULT_MAX_ROWS)
-    if out.format == "regex":
-        assert out.pattern is not None  # guaranteed by OutputSection
-        pattern = compile_("pattern", out.pattern)
-        check_types(pattern.groups)
-        return RegexFormat(out.max_bytes, pattern, out.types)
-    if out.format == "lines":
-        assert out.row is not None and out.shape is not None  # by OutputSection
-        row = compile_("row", out.row)
-        check_types(row.groups)
-        if out.shape == "keyed" and (KEY_GROUP not in row.groups or len(row.groups) < 2):
-            raise ConfigError(
-                file,
-                "output.row",
-                f"shape 'keyed' needs a group named {KEY_GROUP!r} and at least one value group",
-            )
-        header = tuple(compile_(f"header[{i}]", h) for i, h in enumerate(out.header))
-        max_rows = out.max_rows or (1 if out.shape == "one" else DEFAULT_MAX_ROWS)
-        if out.count_by is not None and out.count_by not in row.groups:
-            raise ConfigError(file, "output.count_by", f"{out.count_by!r} is no field of `row`")
-        return LinesFormat(out.max_bytes, header, row, out.shape, max_rows, out.types, out.count_by)
-    assert out.separator is not None and out.keys is not None  # by OutputSection
-    check_types((*out.keys, *out.optional_keys))
-    return KvFormat(out.max_bytes, out.separator, out.keys, out.types, out.optional_keys)

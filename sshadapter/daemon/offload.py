@@ -51,7 +51,8 @@ from datetime import datetime
 from typing import Any, Final
 
 from sshadapter.contract.evaluate import Verdict, evaluate, sealed_verdict
-from sshadapter.contract.registry import Operation, Registry, RegistrySource, build_registry
+from sshadapter.contract.registry import Operation, Registry, build_registry
+from sshadapter.contract.sources import RegistrySource
 from sshadapter.daemon.records import Evidence
 from sshadapter.errors import Failure
 from sshadapter.runners.interface import RunResult
