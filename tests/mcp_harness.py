@@ -236,7 +236,7 @@ def running_daemon(workdir: Path, sshd: Sshd) -> Iterator[Daemon]:
 
 
 def bridge_argv(socket_path: Path) -> list[str]:
-    """How an agent host starts the bridge (the README's configuration, this interpreter)."""
+    """How an agent host starts the bridge (the guide's configuration, this interpreter)."""
     return [sys.executable, "-m", "sshadapter.cli", "mcp", "--socket", str(socket_path)]
 
 

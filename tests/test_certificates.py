@@ -270,8 +270,8 @@ def test_a_certificate_needs_exactly_one_key(tmp_path: Path) -> None:
     assert "a certificate certifies one key" in str(caught.value)
 
 
-def test_the_expiry_alerts_fire_a_day_ahead_and_at_expiry(tmp_path: Path) -> None:
-    """promtool test rules: 2 h left warns, past expiry is critical, a week left is quiet."""
+def test_the_expiry_alerts_fire_six_hours_ahead_and_at_expiry(tmp_path: Path) -> None:
+    """promtool test rules: 2 h left warns, past expiry is critical, a week or a day is quiet."""
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not installed (Debian package prometheus)")
@@ -290,6 +290,8 @@ tests:
         values: '-60x5'
       - series: '{series % "fine"}'
         values: '604800x5'
+      - series: '{series % "one-day"}'
+        values: '86340x5'
     alert_rule_test:
       - eval_time: 2m
         alertname: SshadapterClientCertificateExpiring
@@ -297,14 +299,14 @@ tests:
           - exp_labels: {{severity: warning, credential: soon}}
             exp_annotations:
               summary: "sshadapter's client certificate soon expires in 2h 0m 0s"
-              runbook_url: "docs/runbooks.md#sshadapterclientcertificateexpiring"
+              runbook_url: "https://github.com/sshadapter/sshadapter/blob/main/docs/runbooks.md#sshadapterclientcertificateexpiring"
       - eval_time: 2m
         alertname: SshadapterClientCertificateExpired
         exp_alerts:
           - exp_labels: {{severity: critical, credential: gone}}
             exp_annotations:
               summary: "sshadapter's client certificate gone has expired: calls fail"
-              runbook_url: "docs/runbooks.md#sshadapterclientcertificateexpired"
+              runbook_url: "https://github.com/sshadapter/sshadapter/blob/main/docs/runbooks.md#sshadapterclientcertificateexpired"
 """
     )
     checked = subprocess.run(

@@ -1,13 +1,13 @@
 """The docs' example operation passes every check a shipped operation passes.
 
-The README's guide ("Write an operation") writes ``file_stat`` as ``guide:file`` blocks: the
-command file, its schema and its fixtures. docs/command-files.md shows "A minimal schema" for
-the same tool. Both are taken from the docs as written (the README's schema, and the README's
-operation with the minimal schema instead) into a commands/ and schemas/ directory beside a
-copy of config.example.toml, and each goes through the checks the shipped operations get in
-their own test files, by the same helper functions: `sshadapter check` and the schema loader
-and lint (test_cli, test_schemas), the published envelope schema (test_envelope_schema), the
-fuzzed closed envelope and the envelope guard (test_evaluate), the two validators
+The operator guide (docs/guide.md, "Write an operation") writes ``file_stat`` as ``guide:file``
+blocks: the command file, its schema and its fixtures. docs/command-files.md shows "A minimal
+schema" for the same tool. Both are taken from the docs as written (the guide's schema, and the
+guide's operation with the minimal schema instead) into a commands/ and schemas/ directory
+beside a copy of config.example.toml, and each goes through the checks the shipped operations
+get in their own test files, by the same helper functions: `sshadapter check` and the schema
+loader and lint (test_cli, test_schemas), the published envelope schema (test_envelope_schema),
+the fuzzed closed envelope and the envelope guard (test_evaluate), the two validators
 (test_schema_agreement), the bridge's envelopes (test_mcp_tools), and the dispatcher's policy
 (test_dispatch).
 """
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOOL = "file_stat"
 GUIDE_DIRECTORY = "/etc/sshadapter/"  # where the guide writes the operation's files
 MINIMAL_SCHEMA = "A minimal schema for a text extractor's object:"
-VARIANTS = ["README", "docs/command-files.md"]
+VARIANTS = ["docs/guide.md", "docs/command-files.md"]
 
 
 def minimal_schema() -> str:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -252,6 +254,41 @@ def test_every_relative_link_resolves_inside_the_repository() -> None:
             if anchor:
                 slugs = {_slug(h) for h in _headings(resolved)}
                 assert anchor in slugs, f"{document.name}: no heading for #{anchor}"
+
+
+def _commands(*path: str) -> Iterator[tuple[str, ...]]:
+    """Every command ``sshadapter [path] --help`` lists, its subcommands in place of a group."""
+    sshadapter = Path(sys.executable).with_name("sshadapter")
+    helped = subprocess.run(
+        [str(sshadapter), *path, "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "COLUMNS": "80"},
+        timeout=60,
+    ).stdout
+    listing = re.search(r"^  [A-Z]+\n((?:    .*\n|      .*\n)+)", helped, re.M)
+    if listing is None:
+        yield path
+        return
+    for name in re.findall(r"^    ([a-z][a-z-]*)(?:  |$)", listing[1], re.M):
+        yield from _commands(*path, name)
+
+
+def test_the_readme_lists_every_command() -> None:
+    """README "The command line" names each command and subcommand `sshadapter --help` gives."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## The command line") :]
+    block = section[section.index("```sh\n") : section.index("\n```\n")]
+    lines = [line.split()[1:] for line in block.splitlines() if line.startswith("sshadapter ")]
+    commands = list(_commands())
+    assert len(commands) > 20  # the help's listing is still found
+    for command in commands:
+        assert any(
+            len(words) >= len(command)
+            and all(name in words[i].split("|") for i, name in enumerate(command))
+            for words in lines
+        ), " ".join(command)
 
 
 # The audit records ------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The README's MCP host configurations parse, have each host's shape, and start the bridge."""
+"""The MCP host configurations of docs/guide.md parse, have each host's shape, start the bridge."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"<!-- mcp:(?P<name>[a-z-]+) -->\n```(?P<lang>\w+)\n(?P<body>.*?)\n```", re.S)
-SNIPPETS = {
-    m["name"]: (m["lang"], m["body"]) for m in BLOCK.finditer((ROOT / "README.md").read_text())
-}
+GUIDE = ROOT / "docs" / "guide.md"
+SNIPPETS = {m["name"]: (m["lang"], m["body"]) for m in BLOCK.finditer(GUIDE.read_text())}
 INSTALLED = "/usr/local/bin/sshadapter"
 ARGS = ["mcp", "--socket", "/run/sshadapter/sshadapter.sock"]
 REMOTE_ARGS = ["-T", "-o", "BatchMode=yes", "agent@adapter-host", "sshadapter", "mcp"]

@@ -1,5 +1,5 @@
 """An agent host on another machine: `ssh -T agent@adapter-host sshadapter mcp` as the MCP
-command, the agent account's key forced to the bridge (README "From an agent host on
+command, the agent account's key forced to the bridge (docs/guide.md "From an agent host on
 another machine"), driven by the official Python SDK's stdio client through a real sshd."""
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ from mcp_harness import ROOT, Daemon, write_daemon_files
 from sshd import Sshd, generate_key, running_sshd
 
 INSTALLED_COMMAND: Final = "/usr/local/bin/sshadapter mcp"
-"""The forced command as the README's authorized_keys line gives it."""
+"""The forced command as the guide's authorized_keys line gives it."""
 CALL_TIMEOUT_SECONDS: Final = 30.0  # one answer over SSH; a call takes milliseconds
 
 
 def readme_key_options() -> str:
-    """The options of the README's authorized_keys line (everything before the key type)."""
+    """The options of the guide's authorized_keys line (everything before the key type)."""
     block = re.search(
         r"<!-- ssh:authorized-keys -->\n```text\n(?P<line>[^\n]+)\n```",
-        (ROOT / "README.md").read_text(),
+        (ROOT / "docs" / "guide.md").read_text(),
     )
     assert block is not None
     options, _, key = block["line"].partition(" ssh-ed25519 ")
@@ -93,7 +93,7 @@ _NO_CACHE: Final = shutil.ignore_patterns("__pycache__")
 @pytest.fixture(scope="module")
 def adapter_host() -> Iterator[tuple[Sshd, Daemon, Path]]:
     """The test sshd (the adapter host's and the target's), the daemon, and the agent's key
-    authorized with the README's options; the socket is the agent account's group's."""
+    authorized with the guide's options; the socket is the agent account's group's."""
     with running_sshd() as sshd:
         workdir = Path(tempfile.mkdtemp(prefix="sshadapter-remote-"))
         try:
@@ -130,7 +130,7 @@ def adapter_host() -> Iterator[tuple[Sshd, Daemon, Path]]:
 
 
 def ssh_argv(sshd: Sshd, key: Path) -> list[str]:
-    """The README's `ssh -T -o BatchMode=yes agent@adapter-host sshadapter mcp`, with the
+    """The guide's `ssh -T -o BatchMode=yes agent@adapter-host sshadapter mcp`, with the
     test sshd's port, key and known_hosts (no user ssh_config read)."""
     return [
         "ssh",

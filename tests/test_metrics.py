@@ -10,6 +10,7 @@ import re
 import shutil
 import socket
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Final
 
@@ -30,6 +31,11 @@ RULES = ROOT / "prometheus" / "sshadapter.rules.yml"
 RULE_TESTS = ROOT / "prometheus" / "sshadapter.rules.test.yml"
 DASHBOARD = ROOT / "prometheus" / "grafana-dashboard.json"
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
+# Alerts link to their runbook on the project's site: a notification is read away from a checkout.
+RUNBOOK_URL: Final = (
+    tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Source"]
+    + "/blob/main/docs/runbooks.md#"
+)
 # Rules in prometheus/sshadapter.rules.yml: 3 recording rules and 10 alerts.
 RULE_COUNT: Final = 13
 # Metrics the dashboard may name besides the daemon's: Prometheus's own scrape status.
@@ -312,11 +318,11 @@ def test_every_alert_fires_on_its_scenario_and_stays_silent_otherwise() -> None:
 
 
 def test_every_alert_has_a_runbook_section_in_the_docs() -> None:
-    """Each alert's runbook_url is docs/runbooks.md#its-name, a heading there, and a table row."""
+    """Each alert links to docs/runbooks.md#its-name on the project's site: a heading, a row."""
     headings = re.findall(r"^## (\S+)$", RUNBOOKS.read_text(), re.M)
     table = (ROOT / "docs" / "metrics.md").read_text()
     for alert, runbook in alert_runbooks().items():
-        assert runbook == f"docs/runbooks.md#{alert.lower()}", alert
+        assert runbook == f"{RUNBOOK_URL}{alert.lower()}", alert
         assert alert in headings, alert
         assert f"| `{alert}` |" in table, alert
     assert sorted(headings) == sorted(alert_runbooks())
@@ -402,8 +408,8 @@ def test_a_first_host_key_mismatch_scraped_from_the_daemon_fires_the_alert(tmp_p
                                         "exp_annotations": {
                                             "summary": "sshadapter cannot authenticate to "
                                             "a host (host_key_mismatch): the audit names it",
-                                            "runbook_url": "docs/runbooks.md#"
-                                            "sshadapterhostkeyorauthfailure",
+                                            "runbook_url": RUNBOOK_URL
+                                            + "sshadapterhostkeyorauthfailure",
                                         },
                                     }
                                 ],
@@ -480,3 +486,17 @@ def test_every_dashboard_expression_passes_promtool_and_names_exported_metrics(
     assert named - known == set()
     daemon = {name for name in named if name.startswith("sshadapter_")}
     assert len(daemon) >= 20  # the pattern still finds them
+
+
+def test_the_dashboard_shows_one_job_and_the_instances_chosen() -> None:
+    """Its job and instance variables scope every series of every query (several daemons)."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert {"datasource", "job", "instance"} <= set(variables)
+    assert "sshadapter_build_info" in variables["job"]["definition"]
+    assert '{job="$job"}' in variables["instance"]["definition"]
+    assert variables["instance"]["multi"] and variables["instance"]["includeAll"]
+    scoped = r'\{job="\$job", instance=~"\$instance"'
+    selected = re.compile(r"\b(?:(?:sshadapter|process)_[a-z_]+|up)" + scoped)
+    for expr in dashboard_expressions():
+        assert len(selected.findall(expr)) == len(_METRIC_NAME.findall(expr)) > 0, expr

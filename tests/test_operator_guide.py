@@ -1,4 +1,4 @@
-"""The README's operator guide, run from "Add a host" to "Read the audit trail" on sshd.
+"""The operator guide (docs/guide.md), run from "Add a host" to "Read the audit trail" on sshd.
 
 The guide's code blocks are the test's input, found by the HTML comment in
 front of each (see the top of the guide): ``guide:run`` blocks are executed
@@ -52,7 +52,7 @@ from test_integration import free_port, notifications
 from sshadapter.dispatch import sudoers
 
 ROOT = Path(__file__).resolve().parents[1]
-GUIDE = ROOT / "README.md"  # the guide is the README part between guide:begin and guide:end
+GUIDE = ROOT / "docs" / "guide.md"  # the part between guide:begin and guide:end
 SERVICE = ROOT / "systemd" / "sshadapter.service"
 SOCKET_UNIT = ROOT / "systemd" / "sshadapter.socket"
 REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]{7,63}$")
@@ -154,7 +154,7 @@ _MARKED = re.compile(
 
 
 def guide_text() -> str:
-    """The operator guide part of the README, from `<!-- guide:begin -->` to `guide:end`."""
+    """The operator guide part of docs/guide.md, from `<!-- guide:begin -->` to `guide:end`."""
     text = GUIDE.read_text()
     begin, end = text.index("<!-- guide:begin -->"), text.index("<!-- guide:end -->")
     return text[:end].replace(text[:begin], "\n" * text.count("\n", 0, begin), 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import email
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Final
 
 import pytest
+from test_docs import _LINK
 
 from sshadapter import __version__
 from sshadapter.shipped import SHIPPED_DIRECTORIES, SHIPPED_FILES
@@ -138,6 +140,42 @@ def test_the_wheel_and_sdist_carry_the_code_examples_and_license(built: Built) -
     with tarfile.open(built.sdist) as sdist:
         carried = {name.partition("/")[2] for name in sdist.getnames()}
     assert set(_shipped(built.tracked)) <= carried
+
+
+def test_the_sdist_ships_no_tests_and_the_wheel_is_typed(built: Built) -> None:
+    """Tests run from a clone, not from the sdist; py.typed ships, as the classifier says."""
+    with tarfile.open(built.sdist) as sdist:
+        carried = {name.partition("/")[2] for name in sdist.getnames()}
+    assert not {name for name in carried if name.startswith("tests/")}
+    assert "sshadapter/py.typed" in carried
+    with zipfile.ZipFile(built.wheel) as wheel:
+        assert "sshadapter/py.typed" in wheel.namelist()
+    classifiers = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["classifiers"]
+    assert "Typing :: Typed" in classifiers
+
+
+def test_the_written_examples_link_only_to_files_they_hold(installed: Path, tmp_path: Path) -> None:
+    """Each relative link of the README and docs `examples --write` wrote resolves in its output."""
+    wrote = subprocess.run(
+        [str(installed / "sshadapter"), "examples", "--write", "out"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=DEMO_TIMEOUT_SECONDS,
+    )
+    assert wrote.returncode == 0, wrote.stderr
+    out = tmp_path / "out"
+    documents = sorted(out.rglob("*.md"))
+    assert out / "README.md" in documents and out / "docs" / "guide.md" in documents
+    links = 0
+    for document in documents:
+        for target in _LINK.findall(document.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            links += 1
+            resolved = (document.parent / target.partition("#")[0]).resolve()
+            assert resolved.is_relative_to(out) and resolved.exists(), f"{document}: {target}"
+    assert links > 20  # the pattern still finds them
 
 
 def test_the_installed_wheel_runs_the_demo_and_writes_the_examples_anywhere(

@@ -4,7 +4,7 @@ systemd-analyze (systemd 252) checks units inside an alternate root
 (``--root=DIR``): the units' dependencies (``sysinit.target``...) and every
 executable they name must exist there. So the ``installed`` fixture builds a
 root holding a copy of the host's system unit directory and ``/bin/kill``
-(``ExecReload=``), then runs every install command of the README's operator guide
+(``ExecReload=``), then runs every install command of the operator guide (docs/guide.md)
 against it, each in its offline form (``--root=`` for systemd-sysusers,
 systemd-tmpfiles and systemctl, the root as a prefix for ``install`` and
 ``ln``; ``ln`` gets a stub executable to point at since pip is not run).
@@ -320,7 +320,7 @@ def test_the_shipped_examples_name_what_the_units_create() -> None:
     text = (ROOT / "config.example.toml").read_text()
     comment = text[text.index("[server]") : text.index("socket_path =")]
     assert "sshadapter.socket" in comment and "(RuntimeDirectory=)." not in comment
-    assert "usermod -a -G sshadapter-agents agent\n" in (ROOT / "README.md").read_text()
+    assert "usermod -a -G sshadapter-agents agent\n" in (ROOT / "docs" / "guide.md").read_text()
 
 
 # The sandbox, enforced where it can be without systemd ---------------------

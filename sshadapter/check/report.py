@@ -17,7 +17,7 @@ from sshadapter.runners.interface import RunResult
 
 CHECK_REQUEST_ID = "req.check000000"  # envelopes are sealed with this, then it is dropped
 MCP_SERVER_PREFIX = "mcp__sshadapter__"
-"""Claude Code names a server's tool ``mcp__<server>__<tool>`` (the README's server name)."""
+"""Claude Code names a server's tool ``mcp__<server>__<tool>`` (the guide's server name)."""
 MODEL_TOOL_NAME_MAX = 64  # the model APIs' cap on a tool name (Anthropic, OpenAI, Gemini)
 MCP_TOOL_NAME_MAX = MODEL_TOOL_NAME_MAX - len(MCP_SERVER_PREFIX)  # 47
 

@@ -236,9 +236,10 @@ class Daemon:
             task.cancel()
 
     def reload(self) -> None:
-        """SIGHUP: reload commands and schemas whole; a bad set keeps the old one running.
+        """SIGHUP: reload operations, groups and grants whole; a bad set keeps the old one.
 
-        The configuration file itself (hosts, limits, paths) is read at start only.
+        The configuration file is reread for them; its hosts apply at start only (a change
+        refuses the reload), its limits, paths and pool at the next restart.
         """
         if self.state is not State.SERVING:
             return

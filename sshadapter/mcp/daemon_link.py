@@ -1,6 +1,6 @@
 """The bridge's side of the daemon socket: requests, their connections, and why one failed.
 
-The daemon answers in order on a connection (README "Calling it"), so each
+The daemon answers in order on a connection (`docs/protocol.md` "The socket"), so each
 request in flight has a connection of its own; one that gave a whole answer may
 serve the next request. Every way of getting no usable answer is one reason
 from UNREACHABLE, with whether a retry is safe. A call may ask for the daemon's
