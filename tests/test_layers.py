@@ -8,6 +8,7 @@ circle mypy and a reader see is a circle even when Python never runs it.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -200,3 +201,27 @@ def test_the_readme_layout_names_every_module() -> None:
         str(path.relative_to(ROOT)) for path in PACKAGE.rglob("*.py") if path.name != "__init__.py"
     }
     assert layout_map() == modules
+
+
+# Paths of the machine a module was written on, and of the studies beside the repository:
+# a reader of the tree has neither. What the code relies on is said in docs/.
+OUTSIDE_THE_TREE = re.compile(r"\.\./shared|/work/|research/")
+# A Markdown file a source names: every one is a file of the tree (docs/..., or a
+# fixture folder's PROVENANCE.md), never a study or a design note kept elsewhere.
+NAMED_DOCUMENT = re.compile(r"[\w./-]+\.md\b")
+
+
+def test_no_source_names_anything_outside_the_tree() -> None:
+    """Modules and command files cite docs/ and the tree, never a path or a note beyond it."""
+    basenames = {path.name for path in PACKAGE.rglob("*.md")}
+    sources = [*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.toml")]
+    assert len(sources) > len(MODULES)
+    wrong = []
+    for path in sources:
+        text = path.read_text()
+        wrong += [f"{path.relative_to(ROOT)}: {hit}" for hit in OUTSIDE_THE_TREE.findall(text)]
+        for name in NAMED_DOCUMENT.findall(text):
+            beside = (ROOT / name).is_file() or (path.parent / name).is_file()
+            if not beside and ("/" in name or name not in basenames):
+                wrong.append(f"{path.relative_to(ROOT)}: {name}")
+    assert wrong == []
