@@ -859,11 +859,6 @@ def _load_with_path(
     return path, config, registry, policy.host_policies(registry, inventory)
 
 
-def _load_for_check(args: argparse.Namespace) -> tuple[Path | None, Registry]:
-    path, _, registry, _ = _load_with_path(args)
-    return path, registry
-
-
 def _cmd_check(args: argparse.Namespace) -> int:
     from sshadapter.check.report import check_registry, format_table, warnings
     from sshadapter.daemon.assemble import warm_aliases

@@ -22,7 +22,6 @@ from typing import Annotated, Any, Final, Literal, Union, get_args, get_origin
 import orjson
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
@@ -39,6 +38,7 @@ from pydantic_settings import (
 
 from sshadapter.bounded_read import read_bounded
 from sshadapter.errors import ConfigError
+from sshadapter.sections import CATALOG_FAMILIES, TARGET_NAME, Allow, CatalogSection, Section
 
 DEFAULT_CONFIG_PATH: Final = Path("/etc/sshadapter/config.toml")
 ENV_PREFIX: Final = "SSHADAPTER_"
@@ -85,8 +85,6 @@ DEFAULT_KEEPALIVE_SECONDS: Final = 30.0  # notice a dead connection before a cal
 # host, so tens of thousands of hosts; a larger file is a mistake, not an inventory.
 MAX_INVENTORY_FILE_BYTES: Final = 8 * 1024 * 1024
 MAX_INVENTORY_FILES: Final = 1000  # files in the inventory directory; more is a mistake
-# A target is a host alias or a group name: one namespace, the agent's `target` argument.
-TARGET_NAME: Final = r"^[a-z][a-z0-9_-]{0,62}$"
 LABEL_WORD: Final = r"^[a-z][a-z0-9_-]{0,62}$"  # label keys and values: words, never patterns
 VIA_NAME: Final = r"^([a-z][a-z0-9_-]{0,62})?$"  # a host alias, or "" for a direct connection
 MAX_LABELS: Final = 32  # per host: labels select groups at load, they are not a database
@@ -109,19 +107,7 @@ DEFAULT_MAX_PENDING_APPROVALS: Final = 16
 MAX_PENDING_APPROVALS: Final = 1024
 
 
-class _Section(BaseModel):
-    # No inf or nan (TOML has both): a timeout that never ends is no timeout.
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-
-class Allow(_Section):
-    """Who may call: deny by default, a uid or a group name is enough."""
-
-    uids: tuple[Annotated[int, Field(ge=0)], ...] = ()
-    groups: tuple[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")], ...] = ()
-
-
-class ServerSection(_Section):
+class ServerSection(Section):
     socket_path: Path = Path("/run/sshadapter/sshadapter.sock")
 
     @field_validator("socket_path")
@@ -152,21 +138,21 @@ class ServerSection(_Section):
     )
 
 
-class PathsSection(_Section):
+class PathsSection(Section):
     commands: Path = Path("commands")
     schemas: Path = Path("schemas")
     inventory: str = ""
     """A directory of ``*.toml`` inventory files (hosts and groups); empty: none."""
 
 
-class AuditSection(_Section):
+class AuditSection(Section):
     path: Path = Path("/var/log/sshadapter/audit.jsonl")
     fsync: Literal["always", "batch", "never"] = "always"
     quarantine_dir: Path = Path("/var/lib/sshadapter/quarantine")
     quarantine_max_bytes: Annotated[int, Field(ge=0)] = DEFAULT_QUARANTINE_MAX_BYTES
 
 
-class MetricsSection(_Section):
+class MetricsSection(Section):
     listen: str = ""  # "127.0.0.1:9464"; empty: no metrics listener
 
     @field_validator("listen")
@@ -191,14 +177,14 @@ class MetricsSection(_Section):
         return None if found is None else (found[1].strip("[]"), int(found[2]))
 
 
-class LoggingSection(_Section):
+class LoggingSection(Section):
     """The daemon's log lines on stderr (docs/operations.md "Logs"); read at start."""
 
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["text", "json"] = "text"
 
 
-class HostSection(_Section):
+class HostSection(Section):
     @model_validator(mode="after")
     def _one_certified_key(self) -> HostSection:
         if self.certificate and self.credential_certificate:
@@ -238,7 +224,7 @@ class HostSection(_Section):
             Annotated[str, Field(pattern=LABEL_WORD)],
         ],
         Field(max_length=MAX_LABELS),
-    ] = {}
+    ] = Field(default_factory=dict)
 
 
 def _optional(field: Any) -> Any:
@@ -251,9 +237,9 @@ def _optional(field: Any) -> Any:
 
 # `[host_defaults]`: every HostSection key, none required; a host inherits each key it does
 # not set (labels: merged, the host's own win).
-HostDefaults: Final[type[_Section]] = create_model(  # type: ignore[call-overload]
+HostDefaults: Final[type[Section]] = create_model(  # type: ignore[call-overload]
     "HostDefaults",
-    __base__=_Section,
+    __base__=Section,
     **{
         name: (_optional(field), None)
         for name, field in HostSection.model_fields.items()
@@ -262,12 +248,12 @@ HostDefaults: Final[type[_Section]] = create_model(  # type: ignore[call-overloa
 )
 
 
-class GroupSection(_Section):
+class GroupSection(Section):
     """A named, closed set of hosts, resolved at load (sshadapter/inventory.py)."""
 
     match: dict[
         Annotated[str, Field(pattern=LABEL_WORD)], Annotated[str, Field(pattern=LABEL_WORD)]
-    ] = {}
+    ] = Field(default_factory=dict)
     """Every host whose labels include all of these (equality, AND)."""
     members: tuple[Annotated[str, Field(pattern=TARGET_NAME)], ...] = ()
     """Host aliases or other groups, added."""
@@ -275,7 +261,7 @@ class GroupSection(_Section):
     """Host aliases or other groups, taken away last."""
 
 
-class Grant(_Section):
+class Grant(Section):
     """Who (uids, unix groups) may run which tools on which targets: deny by default."""
 
     uids: tuple[Annotated[int, Field(ge=0)], ...] = ()
@@ -286,7 +272,7 @@ class Grant(_Section):
     targets: tuple[Annotated[str, Field(pattern=TARGET_NAME)], ...] = Field(min_length=1)
 
 
-class ApprovalsSection(_Section):
+class ApprovalsSection(Section):
     """Who may approve or deny calls that wait for a person (docs/protocol.md "Approval")."""
 
     uids: tuple[Annotated[int, Field(ge=0)], ...] = ()
@@ -296,7 +282,7 @@ class ApprovalsSection(_Section):
     )
 
 
-class PoolSection(_Section):
+class PoolSection(Section):
     """The SSH connections of all hosts together (docs/operations.md "SSH")."""
 
     max_connections_total: Annotated[int, Field(ge=1)] = DEFAULT_MAX_CONNECTIONS_TOTAL
@@ -306,103 +292,7 @@ class PoolSection(_Section):
     warm: tuple[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")], ...] = ()
 
 
-# The catalog's families: the directories of sshadapter/catalog/ (docs/catalog.md).
-CATALOG_FAMILIES: Final = (
-    "system",
-    "compute",
-    "storage",
-    "services",
-    "processes",
-    "network",
-    "logs",
-    "maintenance",
-    "actions",
-)
-# `families = ["all"]`: every family but the mutating one, which is named or not enabled.
-CATALOG_ALL: Final = "all"
-MUTATING_FAMILY: Final = "actions"
-CATALOG_TOOL_NAME: Final = r"^[a-z][a-z0-9_]{1,62}$"
-# systemd.unit(5) names: the characters systemd allows in a name (no backslash escapes: an
-# operator lists plain names), a type suffix, at most 255 characters.
-UNIT_NAME: Final = (
-    r"^[A-Za-z0-9][A-Za-z0-9:_.@-]{0,240}\.(service|socket|timer|target|path|mount|slice)$"
-)
-# An absolute path of plain characters (a certificate an operator lists): no space, no
-# quote, nothing a sudoers or policy line would have to escape.
-CERTIFICATE_PATH: Final = r"^/[A-Za-z0-9._/+@-]{1,254}$"
-MAX_CATALOG_LIST: Final = 256  # units or certificates an operator lists by hand
-
-
-class CatalogFamily(_Section):
-    """`[catalog.<family>]`: where a family's operations run and who may call them."""
-
-    targets: tuple[Annotated[str, Field(pattern=TARGET_NAME)], ...] | None = Field(
-        default=None, min_length=1, max_length=MAX_CATALOG_LIST
-    )
-    """Replaces every command file's `targets`; None: the files' own (["all"])."""
-    allow: Allow | None = None
-    """Replaces every command file's `allow`; None: the files' own ([server] allow)."""
-    exclude: tuple[Annotated[str, Field(pattern=CATALOG_TOOL_NAME)], ...] = ()
-    """Operations of the family left out."""
-
-
-class MaintenanceFamily(CatalogFamily):
-    certificate_paths: tuple[Annotated[str, Field(pattern=CERTIFICATE_PATH)], ...] = Field(
-        default=(), max_length=MAX_CATALOG_LIST
-    )
-    """The certificates cert_expiry may read: its `path` parameter's enum."""
-
-
-class ActionsFamily(CatalogFamily):
-    units: tuple[Annotated[str, Field(pattern=UNIT_NAME)], ...] = Field(
-        default=(), max_length=MAX_CATALOG_LIST
-    )
-    """The units the actions may restart, reload or reset: their `unit` parameter's enum."""
-
-
-class CatalogSection(_Section):
-    """Which families of the shipped catalog load, and their overrides (docs/catalog.md)."""
-
-    families: tuple[str, ...] = ()
-    system: CatalogFamily = CatalogFamily()
-    compute: CatalogFamily = CatalogFamily()
-    storage: CatalogFamily = CatalogFamily()
-    services: CatalogFamily = CatalogFamily()
-    processes: CatalogFamily = CatalogFamily()
-    network: CatalogFamily = CatalogFamily()
-    logs: CatalogFamily = CatalogFamily()
-    maintenance: MaintenanceFamily = MaintenanceFamily()
-    actions: ActionsFamily = ActionsFamily()
-
-    @field_validator("families")
-    @classmethod
-    def _named_families(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in value:
-            if name != CATALOG_ALL and name not in CATALOG_FAMILIES:
-                raise ValueError(
-                    f"no family {name!r}; the families are {', '.join(CATALOG_FAMILIES)}, "
-                    f"or {CATALOG_ALL!r} (every one but {MUTATING_FAMILY!r})"
-                )
-        if len(set(value)) != len(value):
-            raise ValueError("a family is listed twice")
-        return value
-
-    @property
-    def enabled(self) -> tuple[str, ...]:
-        """The enabled families, in catalog order."""
-        named = set(self.families)
-        return tuple(
-            name
-            for name in CATALOG_FAMILIES
-            if name in named or (CATALOG_ALL in named and name != MUTATING_FAMILY)
-        )
-
-    def family(self, name: str) -> CatalogFamily:
-        found: CatalogFamily = getattr(self, name)
-        return found
-
-
-class ConfigFile(_Section):
+class ConfigFile(Section):
     """What the TOML file may say: checked strictly (its values have real types)."""
 
     server: ServerSection = ServerSection()
@@ -414,8 +304,12 @@ class ConfigFile(_Section):
     approvals: ApprovalsSection = ApprovalsSection()
     catalog: CatalogSection = CatalogSection()
     host_defaults: HostDefaults = HostDefaults()  # type: ignore[valid-type]
-    hosts: dict[Annotated[str, Field(pattern=TARGET_NAME)], HostSection] = {}
-    groups: dict[Annotated[str, Field(pattern=TARGET_NAME)], GroupSection] = {}
+    hosts: dict[Annotated[str, Field(pattern=TARGET_NAME)], HostSection] = Field(
+        default_factory=dict
+    )
+    groups: dict[Annotated[str, Field(pattern=TARGET_NAME)], GroupSection] = Field(
+        default_factory=dict
+    )
     grants: tuple[Grant, ...] = ()
 
 
@@ -505,12 +399,16 @@ def load_config(path: Path | None) -> tuple[Config, Path]:
     return loaded, base
 
 
-class InventoryFile(_Section):
+class InventoryFile(Section):
     """What one file of the inventory directory may say."""
 
     host_defaults: HostDefaults = HostDefaults()  # type: ignore[valid-type]
-    hosts: dict[Annotated[str, Field(pattern=TARGET_NAME)], HostSection] = {}
-    groups: dict[Annotated[str, Field(pattern=TARGET_NAME)], GroupSection] = {}
+    hosts: dict[Annotated[str, Field(pattern=TARGET_NAME)], HostSection] = Field(
+        default_factory=dict
+    )
+    groups: dict[Annotated[str, Field(pattern=TARGET_NAME)], GroupSection] = Field(
+        default_factory=dict
+    )
 
 
 def _read_toml(path: Path, max_bytes: int) -> dict[str, Any]:

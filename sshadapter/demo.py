@@ -39,7 +39,6 @@ import asyncssh
 import orjson
 
 from sshadapter.config import (
-    Allow,
     AuditSection,
     Config,
     GroupSection,
@@ -52,6 +51,7 @@ from sshadapter.daemon.assemble import assemble
 from sshadapter.daemon.server import load
 from sshadapter.daemon.unix_socket import bind_socket
 from sshadapter.dispatch import policy
+from sshadapter.sections import Allow
 from sshadapter.shipped import ExamplesMissing, examples_root
 
 LOCAL_TIMEOUT_SECONDS: Final = 10.0  # the dispatcher and one of the local commands

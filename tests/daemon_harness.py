@@ -13,10 +13,8 @@ from typing import Any
 import orjson
 
 from sshadapter.config import (
-    Allow,
     ApprovalsSection,
     AuditSection,
-    CatalogSection,
     Config,
     Grant,
     GroupSection,
@@ -33,6 +31,7 @@ from sshadapter.daemon.service import Service
 from sshadapter.daemon.unix_socket import bind_socket
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.runners.scripted import ScriptedRunner
+from sshadapter.sections import Allow, CatalogSection
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = datetime(2026, 11, 30, 4, 12, tzinfo=UTC)

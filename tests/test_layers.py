@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +30,7 @@ LEAVES = frozenset(
         ".rfc8259",
         ".strict_json",
         ".config",
+        ".sections",
         ".inventory",
         ".bounded_read",
         ".client",
@@ -133,6 +136,34 @@ def test_the_contract_runs_no_event_loop_socket_or_process() -> None:
         if part(name) == "contract":
             found = {target.split(".")[0] for target in imported(path)} & CONTRACT_FORBIDDEN
             assert not found, f"{name} imports {sorted(found)}"
+
+
+# What a module may not load, through every import it runs in turn (third-party ones too):
+# the test above reads what the contract names, this one what Python loads. The contract
+# runs in evaluation workers and offline checks, so no event loop, no SSH library, no
+# environment reader and no processes; the metrics name the pool's close reasons, not its
+# SSH library. (socket and selectors are not here: jsonschema's format checkers load them,
+# and loading one opens nothing.)
+NEVER_LOADED = frozenset(
+    {"asyncio", "asyncssh", "pydantic_settings", "subprocess", "multiprocessing", "concurrent"}
+)
+LOADS_FORBIDDEN: dict[str, frozenset[str]] = {
+    **{name: NEVER_LOADED for name in MODULES if part(name) == "contract"},
+    "sshadapter.daemon.metrics": frozenset({"asyncssh"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOADS_FORBIDDEN))
+def test_what_a_module_loads_keeps_its_promise(name: str) -> None:
+    """Imported alone in a fresh interpreter, the module leaves none of its forbidden modules."""
+    code = (
+        f"import sys, importlib; importlib.import_module({name!r}); "
+        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert sorted(LOADS_FORBIDDEN[name] & set(done.stdout.split())) == []
 
 
 def test_nobody_imports_the_host_program() -> None:

@@ -35,10 +35,11 @@ from sshadapter.check.import_sources import (
     named_first,
     target_name,
 )
-from sshadapter.config import LABEL_WORD, TARGET_NAME, HostDefaults
+from sshadapter.config import LABEL_WORD, HostDefaults
 from sshadapter.errors import ConfigError
 from sshadapter.inventory import MAX_GROUP_NESTING, MAX_VIA_HOPS
 from sshadapter.safe_write import TargetDirectory, check_directory
+from sshadapter.sections import TARGET_NAME
 from sshadapter.shown import shown
 
 # The daemon reads known_hosts with the same cap (runners/ssh/dial.py MAX_KNOWN_HOSTS_BYTES).

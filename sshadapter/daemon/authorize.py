@@ -14,7 +14,7 @@ import grp
 import logging
 from dataclasses import dataclass
 
-from sshadapter.config import Allow
+from sshadapter.sections import Allow
 
 log = logging.getLogger(__name__)
 

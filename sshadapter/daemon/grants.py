@@ -20,10 +20,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from sshadapter.config import Allow, Grant
+from sshadapter.config import Grant
 from sshadapter.contract.registry import Operation, Registry
 from sshadapter.daemon.authorize import Callers, Peer, resolve
 from sshadapter.inventory import Inventory
+from sshadapter.sections import Allow
 
 ANY_READ_ONLY_TOOL: Final = "*"
 # Identities whose choices are kept between reloads: agents on one machine are few.

@@ -186,13 +186,6 @@ def operations_by_host(
     return placed
 
 
-def runs_on(op: Operation, alias: str, inventory: Inventory | None) -> bool:
-    """Whether ``op`` may run on host ``alias`` (its ``host``, or one of its targets' hosts)."""
-    if op.spec.host == alias:
-        return True
-    return inventory is not None and any(alias in inventory.members(t) for t in op.spec.targets)
-
-
 def host_policy(
     alias: str,
     operations: Iterable[Operation],
