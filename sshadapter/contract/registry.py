@@ -45,7 +45,7 @@ from sshadapter.contract.extract import (
 )
 from sshadapter.contract.linear_regex import LinearPattern, LinearRegexError, compile_linear
 from sshadapter.contract.params import check_params_used, param_warnings, params_schema_of
-from sshadapter.contract.root import RootCommand, root_command, sudo_prefix
+from sshadapter.contract.run_as import RootCommand, root_command, sudo_prefix
 from sshadapter.contract.schemas import (
     LoadedSchema,
     SchemaSet,

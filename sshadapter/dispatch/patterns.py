@@ -32,7 +32,7 @@ holds one alone), ``\\D \\W \\S`` inside a class, a quantifier on a quantifier
 or an anchor, and unescaped ``] } {`` or a ``[``, ``&&``, ``--`` or ``~~``
 inside a class (Rust reads them as class syntax).
 
-contract/root.py parses a narrower subset of the same syntax for ``run_as``
+contract/run_as.py parses a narrower subset of the same syntax for ``run_as``
 (a tree of character sets, for sudo's POSIX expression): its comment says why
 the two parsers stay two.
 """
