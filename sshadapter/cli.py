@@ -1137,8 +1137,7 @@ def _cmd_grants_explain(args: argparse.Namespace) -> int:
     import grp
     import pwd
 
-    from sshadapter.daemon.authorize import Peer
-    from sshadapter.daemon.grants import Access
+    from sshadapter.daemon.access import Access, Peer
     from sshadapter.inventory import load_inventory
 
     _, config, registry, _ = _load_with_path(args)

@@ -37,8 +37,8 @@ from typing import Any, Final
 
 from sshadapter.config import ApprovalsSection
 from sshadapter.contract.codes import SYSTEM_TOOL
+from sshadapter.daemon.access import Peer, resolve
 from sshadapter.daemon.audit import AuditLog, now_text
-from sshadapter.daemon.authorize import Peer, resolve
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.records import Approval, CallRecord, command_digest, who
 from sshadapter.errors import ApprovalError, AuditError, OverloadedError

@@ -34,12 +34,11 @@ from sshadapter.contract import envelope
 from sshadapter.contract.codes import SYSTEM_TOOL, TARGET_ARGUMENT
 from sshadapter.contract.evaluate import Sealed, Verdict, seal_line
 from sshadapter.contract.registry import Operation, Registry
+from sshadapter.daemon.access import Access, Peer
 from sshadapter.daemon.approvals import APPROVER_OPS, Approvals, Watch, unwatched
 from sshadapter.daemon.audit import AuditLog
-from sshadapter.daemon.authorize import Peer
 from sshadapter.daemon.drift import PolicyMonitor
 from sshadapter.daemon.fanout_answer import FanoutAnswer
-from sshadapter.daemon.grants import Access
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.offload import Judge
 from sshadapter.daemon.progress import NO_PROGRESS, Progress, Report

@@ -22,7 +22,7 @@ from typing import Final
 
 from sshadapter.config import Config
 from sshadapter.daemon import systemd
-from sshadapter.daemon.authorize import Peer
+from sshadapter.daemon.access import Peer
 from sshadapter.daemon.private_paths import make_private_dirs
 from sshadapter.errors import ConfigError
 
