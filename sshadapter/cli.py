@@ -487,8 +487,8 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit_verify(args: argparse.Namespace) -> int:
+    from sshadapter.audit.verify import UnreadableTrail, trail, verify
     from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
-    from sshadapter.daemon.audit_verify import UnreadableTrail, trail, verify
 
     paths = args.paths
     if not paths:
@@ -517,8 +517,8 @@ def _audit_path(args: argparse.Namespace) -> Path:
 
 def _cmd_audit_show(args: argparse.Namespace) -> int:
     """One call's records across the rotated files, the chain verified (docs/audit.md)."""
-    from sshadapter.daemon.audit_show import REQUEST_ID, format_call
-    from sshadapter.daemon.audit_verify import UnreadableTrail, trail, verify
+    from sshadapter.audit.show import REQUEST_ID, format_call
+    from sshadapter.audit.verify import UnreadableTrail, trail, verify
     from sshadapter.shown import shown
 
     if not REQUEST_ID.fullmatch(args.request_id):
@@ -634,11 +634,11 @@ def _quarantined(config: Config, request_id: str, host: str | None) -> _Found:
     import hashlib
     import re
 
+    from sshadapter.audit.show import REQUEST_ID
+    from sshadapter.audit.verify import UnreadableTrail, trail, verify
     from sshadapter.bounded_read import read_with_mode
     from sshadapter.check.fixtures import MAX_RECORDED_BYTES
     from sshadapter.check.record import RecordError
-    from sshadapter.daemon.audit_show import REQUEST_ID
-    from sshadapter.daemon.audit_verify import UnreadableTrail, trail, verify
 
     if not REQUEST_ID.fullmatch(request_id):
         raise RecordError(f"{request_id[:40]!r} is no request id (req. and 20 hex digits)")

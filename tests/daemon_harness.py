@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from sshadapter.audit.writer import FsyncPolicy
 from sshadapter.config import (
     ApprovalsSection,
     AuditSection,
@@ -24,7 +25,6 @@ from sshadapter.config import (
     ServerSection,
 )
 from sshadapter.daemon.assemble import assemble
-from sshadapter.daemon.audit import FsyncPolicy
 from sshadapter.daemon.offload import Judge
 from sshadapter.daemon.server import Daemon
 from sshadapter.daemon.service import Service

@@ -48,7 +48,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "runners": frozenset(),
     "dispatch": frozenset({"contract"}),
     "check": frozenset({"contract", "sshadapter.runners.interface"}),
-    "daemon": frozenset({"contract", "runners", "dispatch"}),
+    # The trail's timestamps are the contract's one definition of a timestamp.
+    "audit": frozenset({"sshadapter.contract.rfc3339"}),
+    "daemon": frozenset({"contract", "runners", "dispatch", "audit"}),
 }
 # The bridge starts once per agent session: the socket client, the strict parser and the
 # contract's import-free names only (tests/test_mcp_tools.py pins the libraries it loads).
@@ -125,7 +127,7 @@ def test_the_tree_has_the_parts_the_map_names() -> None:
 
 @pytest.mark.parametrize("source", sorted(GRAPH))
 def test_imports_point_one_way(source: str) -> None:
-    """Leaves < contract, runners < dispatch < daemon; check beside; mcp on leaves and codes."""
+    """Leaves < contract, runners, audit < dispatch < daemon; check beside; mcp on leaves, codes."""
     wrong = sorted(target for target in GRAPH[source] if not allowed(source, target))
     assert wrong == [], f"{source} may not import {wrong}"
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import orjson
 
+from sshadapter.audit.writer import now_text
 from sshadapter.contract.evaluate import Verdict
 from sshadapter.contract.registry import Operation
 from sshadapter.daemon.access import Peer
-from sshadapter.daemon.audit import now_text
 from sshadapter.daemon.progress import NO_PROGRESS, Progress
 from sshadapter.errors import ApprovalError, UpstreamError, failure_of
 from sshadapter.inventory import host_set_digest

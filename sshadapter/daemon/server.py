@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from sshadapter import __version__
+from sshadapter.audit.writer import AuditLog, now_text
 from sshadapter.catalog import read_catalog
 from sshadapter.config import Config, Grant, load_config
 from sshadapter.contract.registry import Registry, load_registry
 from sshadapter.daemon import systemd
-from sshadapter.daemon.audit import AuditLog, now_text
 from sshadapter.daemon.drift import PolicyMonitor
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.offload import Judge

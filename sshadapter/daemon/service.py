@@ -28,6 +28,8 @@ from typing import Any, Final
 
 import orjson
 
+from sshadapter.audit.quarantine import Quarantine
+from sshadapter.audit.writer import AuditLog
 from sshadapter.client import PROGRESS_VERSION
 from sshadapter.config import DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT, ApprovalsSection, Grant
 from sshadapter.contract import envelope
@@ -36,13 +38,11 @@ from sshadapter.contract.evaluate import Sealed, Verdict, seal_line
 from sshadapter.contract.registry import Operation, Registry
 from sshadapter.daemon.access import Access, Peer
 from sshadapter.daemon.approvals import APPROVER_OPS, Approvals, Watch, unwatched
-from sshadapter.daemon.audit import AuditLog
 from sshadapter.daemon.drift import PolicyMonitor
 from sshadapter.daemon.fanout_answer import FanoutAnswer
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.offload import Judge
 from sshadapter.daemon.progress import NO_PROGRESS, Progress, Report
-from sshadapter.daemon.quarantine import Quarantine
 from sshadapter.daemon.records import CallRecord, HostRun
 from sshadapter.errors import (
     AuditError,

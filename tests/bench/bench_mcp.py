@@ -52,9 +52,9 @@ CALL = {"op": "call", "tool": "load_average", "args": {}}
 
 def serve_scripted(workdir: Path) -> None:
     """The daemon, in this process: shipped commands, load_average answered by a script."""
+    from sshadapter.audit.writer import AuditLog
     from sshadapter.config import AuditSection, Config, PathsSection, ServerSection
     from sshadapter.contract.registry import load_registry
-    from sshadapter.daemon.audit import AuditLog
     from sshadapter.daemon.server import Daemon
     from sshadapter.daemon.service import Service
     from sshadapter.daemon.unix_socket import bind_socket
