@@ -827,7 +827,7 @@ def _load_with_path(
     from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
     from sshadapter.contract.registry import load_registry
     from sshadapter.dispatch import policy
-    from sshadapter.inventory import load_inventory
+    from sshadapter.inventory.fleet import load_inventory
 
     path = args.config
     if path is None and DEFAULT_CONFIG_PATH.is_file():
@@ -862,7 +862,7 @@ def _load_with_path(
 def _cmd_check(args: argparse.Namespace) -> int:
     from sshadapter.check.report import check_registry, format_table, warnings
     from sshadapter.daemon.assemble import warm_aliases
-    from sshadapter.inventory import load_inventory
+    from sshadapter.inventory.fleet import load_inventory
 
     config_path, config, registry, policies = _load_with_path(args)
     inventory = load_inventory(config)
@@ -884,7 +884,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     certificates: list[dict[str, Any]] = []
     if args.hosts:  # the one part of `check` that talks to hosts (docs/dispatcher.md)
         from sshadapter.daemon.drift import check_hosts, format_hosts
-        from sshadapter.inventory import load_inventory
+        from sshadapter.inventory.fleet import load_inventory
 
         members = None
         if args.target is not None:
@@ -935,7 +935,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
     """Every operation of a host alias, or of each member of a group, as its dispatcher
     enforces it (docs/dispatcher.md)."""
     from sshadapter.dispatch import policy
-    from sshadapter.inventory import load_inventory
+    from sshadapter.inventory.fleet import load_inventory
 
     _, config, registry, policies = _load_with_path(args, also_dispatch=args.target)
     inventory = load_inventory(config)
@@ -950,7 +950,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
 def _cmd_sudoers(args: argparse.Namespace) -> int:
     """The sudoers drop-in of a dispatch host alias or group; with --check, proved."""
     from sshadapter.dispatch import policy, sudoers
-    from sshadapter.inventory import load_inventory
+    from sshadapter.inventory.fleet import load_inventory
     from sshadapter.shown import shown
 
     path, config, registry, policies = _load_with_path(args)
@@ -1051,7 +1051,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 def _cmd_inventory_show(args: argparse.Namespace) -> int:
     """The resolved inventory: what each target name stands for (docs/operations.md)."""
-    from sshadapter.inventory import host_set_digest, load_inventory
+    from sshadapter.inventory.fleet import host_set_digest, load_inventory
 
     _, config, _, _ = _load_with_path(args)
     inventory = load_inventory(config)
@@ -1088,8 +1088,8 @@ def _cmd_inventory_import(args: argparse.Namespace) -> int:
     """Hosts pinned in known_hosts, from Ansible or ssh -G, into one file (docs/operations.md)."""
     import json
 
-    from sshadapter.check import import_sources, importer
-    from sshadapter.inventory import MAX_GROUP_NESTING
+    from sshadapter.inventory import importer, sources
+    from sshadapter.inventory.fleet import MAX_GROUP_NESTING
 
     importer.check_target(args.write, force=args.force)
     if args.user:
@@ -1097,11 +1097,11 @@ def _cmd_inventory_import(args: argparse.Namespace) -> int:
     known_hosts_path = args.known_hosts.resolve()
     known_hosts = importer.read_known_hosts(known_hosts_path)
     if args.import_source == "ansible":
-        labels = import_sources.label_names(args.labels)
-        source = import_sources.from_ansible(args.file, labels)
+        labels = sources.label_names(args.labels)
+        source = sources.from_ansible(args.file, labels)
         origin = f"sshadapter inventory import ansible {json.dumps(args.file.name)}"
     else:
-        source = import_sources.from_ssh_config(args.aliases, args.ssh_config, args.user)
+        source = sources.from_ssh_config(args.aliases, args.ssh_config, args.user)
         origin = "sshadapter inventory import ssh-config"  # the aliases are in the file
     plan = importer.plan(source, known_hosts, known_hosts_path, args.user)
     for line in plan.left_out:
@@ -1138,7 +1138,7 @@ def _cmd_grants_explain(args: argparse.Namespace) -> int:
     import pwd
 
     from sshadapter.daemon.access import Access, Peer
-    from sshadapter.inventory import load_inventory
+    from sshadapter.inventory.fleet import load_inventory
 
     _, config, registry, _ = _load_with_path(args)
     op = registry.get(args.tool)

@@ -216,7 +216,7 @@ class HostSection(Section):
     # The host runs sshadapter-dispatch as the key's forced command (docs/dispatcher.md).
     dispatch: bool = False
     # Reached through this configured host (a jump host: docs/operations.md "Bastions");
-    # "" connects directly. Chains are checked at load (sshadapter/inventory.py).
+    # "" connects directly. Chains are checked at load (sshadapter/inventory/fleet.py).
     via: Annotated[str, Field(pattern=VIA_NAME)] = ""
     labels: Annotated[
         dict[
@@ -249,7 +249,7 @@ HostDefaults: Final[type[Section]] = create_model(  # type: ignore[call-overload
 
 
 class GroupSection(Section):
-    """A named, closed set of hosts, resolved at load (sshadapter/inventory.py)."""
+    """A named, closed set of hosts, resolved at load (sshadapter/inventory/fleet.py)."""
 
     match: dict[
         Annotated[str, Field(pattern=LABEL_WORD)], Annotated[str, Field(pattern=LABEL_WORD)]

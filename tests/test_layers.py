@@ -31,7 +31,6 @@ LEAVES = frozenset(
         ".strict_json",
         ".config",
         ".sections",
-        ".inventory",
         ".bounded_read",
         ".client",
         ".shipped",
@@ -46,11 +45,12 @@ LEAVES = frozenset(
 ALLOWED: dict[str, frozenset[str]] = {
     "contract": frozenset({"sshadapter.runners.interface"}),
     "runners": frozenset(),
-    "dispatch": frozenset({"contract"}),
+    "inventory": frozenset(),
+    "dispatch": frozenset({"contract", "inventory"}),
     "check": frozenset({"contract", "sshadapter.runners.interface"}),
     # The trail's timestamps are the contract's one definition of a timestamp.
     "audit": frozenset({"sshadapter.contract.rfc3339"}),
-    "daemon": frozenset({"contract", "runners", "dispatch", "audit"}),
+    "daemon": frozenset({"contract", "runners", "dispatch", "audit", "inventory"}),
 }
 # The bridge starts once per agent session: the socket client, the strict parser and the
 # contract's import-free names only (tests/test_mcp_tools.py pins the libraries it loads).
@@ -127,7 +127,7 @@ def test_the_tree_has_the_parts_the_map_names() -> None:
 
 @pytest.mark.parametrize("source", sorted(GRAPH))
 def test_imports_point_one_way(source: str) -> None:
-    """Leaves < contract, runners, audit < dispatch < daemon; check beside; mcp on leaves, codes."""
+    """Leaves < contract, runners, audit, inventory < dispatch < daemon; check and mcp beside."""
     wrong = sorted(target for target in GRAPH[source] if not allowed(source, target))
     assert wrong == [], f"{source} may not import {wrong}"
 

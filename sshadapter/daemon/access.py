@@ -31,7 +31,7 @@ from typing import Final
 
 from sshadapter.config import Grant
 from sshadapter.contract.registry import Operation, Registry
-from sshadapter.inventory import Inventory
+from sshadapter.inventory.fleet import Inventory
 from sshadapter.sections import Allow
 
 log = logging.getLogger(__name__)

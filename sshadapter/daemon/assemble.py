@@ -30,7 +30,7 @@ from sshadapter.daemon.server import Daemon, load
 from sshadapter.daemon.service import Service, Sleep
 from sshadapter.daemon.unix_socket import open_listening_socket, unlink_if_ours
 from sshadapter.errors import ConfigError
-from sshadapter.inventory import Inventory
+from sshadapter.inventory.fleet import Inventory
 from sshadapter.runners.interface import Runner
 from sshadapter.runners.ssh.runner import SshRunner
 

@@ -22,7 +22,7 @@ from sshadapter.contract.registry import Operation
 from sshadapter.daemon.access import Peer
 from sshadapter.daemon.progress import NO_PROGRESS, Progress
 from sshadapter.errors import ApprovalError, UpstreamError, failure_of
-from sshadapter.inventory import host_set_digest
+from sshadapter.inventory.fleet import host_set_digest
 from sshadapter.runners.interface import RunResult
 
 

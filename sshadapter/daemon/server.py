@@ -46,7 +46,7 @@ from sshadapter.daemon.service import Service
 from sshadapter.daemon.unix_socket import SOCKET_BACKLOG, hangup, peer_of
 from sshadapter.dispatch import policy
 from sshadapter.errors import ConfigError, UpstreamError
-from sshadapter.inventory import Inventory, load_inventory
+from sshadapter.inventory.fleet import Inventory, load_inventory
 from sshadapter.runners.interface import FANOUT_HOST, Runner
 
 log = logging.getLogger(__name__)

@@ -53,7 +53,7 @@ from sshadapter.errors import (
     UpstreamError,
     failure_of,
 )
-from sshadapter.inventory import Inventory, host_set_digest
+from sshadapter.inventory.fleet import Inventory, host_set_digest
 from sshadapter.pacing import HOST_STARTS, Pacer
 from sshadapter.runners.interface import FANOUT_HOST, Runner, RunResult
 from sshadapter.sections import Allow

@@ -41,7 +41,7 @@ from sshadapter.errors import ConfigError
 if TYPE_CHECKING:
     from sshadapter.config import Config
     from sshadapter.contract.registry import Operation, Registry
-    from sshadapter.inventory import Inventory
+    from sshadapter.inventory.fleet import Inventory
 
 POLICY_FORMAT: Final = "sshadapter-dispatch-policy/1"
 DIGEST_COMMAND: Final = "#sshadapter-policy-digest"  # shlex.quote never leaves "#" bare
