@@ -487,8 +487,8 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit_verify(args: argparse.Namespace) -> int:
+    from sshadapter.audit.verify import UnreadableTrail, trail, verify
     from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
-    from sshadapter.daemon.audit_verify import UnreadableTrail, trail, verify
 
     paths = args.paths
     if not paths:
@@ -517,8 +517,8 @@ def _audit_path(args: argparse.Namespace) -> Path:
 
 def _cmd_audit_show(args: argparse.Namespace) -> int:
     """One call's records across the rotated files, the chain verified (docs/audit.md)."""
-    from sshadapter.daemon.audit_show import REQUEST_ID, format_call
-    from sshadapter.daemon.audit_verify import UnreadableTrail, trail, verify
+    from sshadapter.audit.show import REQUEST_ID, format_call
+    from sshadapter.audit.verify import UnreadableTrail, trail, verify
     from sshadapter.shown import shown
 
     if not REQUEST_ID.fullmatch(args.request_id):
@@ -634,11 +634,11 @@ def _quarantined(config: Config, request_id: str, host: str | None) -> _Found:
     import hashlib
     import re
 
+    from sshadapter.audit.show import REQUEST_ID
+    from sshadapter.audit.verify import UnreadableTrail, trail, verify
     from sshadapter.bounded_read import read_with_mode
     from sshadapter.check.fixtures import MAX_RECORDED_BYTES
     from sshadapter.check.record import RecordError
-    from sshadapter.daemon.audit_show import REQUEST_ID
-    from sshadapter.daemon.audit_verify import UnreadableTrail, trail, verify
 
     if not REQUEST_ID.fullmatch(request_id):
         raise RecordError(f"{request_id[:40]!r} is no request id (req. and 20 hex digits)")
@@ -827,7 +827,7 @@ def _load_with_path(
     from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
     from sshadapter.contract.registry import load_registry
     from sshadapter.dispatch import policy
-    from sshadapter.inventory import load_inventory
+    from sshadapter.inventory.fleet import load_inventory
 
     path = args.config
     if path is None and DEFAULT_CONFIG_PATH.is_file():
@@ -859,15 +859,10 @@ def _load_with_path(
     return path, config, registry, policy.host_policies(registry, inventory)
 
 
-def _load_for_check(args: argparse.Namespace) -> tuple[Path | None, Registry]:
-    path, _, registry, _ = _load_with_path(args)
-    return path, registry
-
-
 def _cmd_check(args: argparse.Namespace) -> int:
     from sshadapter.check.report import check_registry, format_table, warnings
     from sshadapter.daemon.assemble import warm_aliases
-    from sshadapter.inventory import load_inventory
+    from sshadapter.inventory.fleet import load_inventory
 
     config_path, config, registry, policies = _load_with_path(args)
     inventory = load_inventory(config)
@@ -889,7 +884,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     certificates: list[dict[str, Any]] = []
     if args.hosts:  # the one part of `check` that talks to hosts (docs/dispatcher.md)
         from sshadapter.daemon.drift import check_hosts, format_hosts
-        from sshadapter.inventory import load_inventory
+        from sshadapter.inventory.fleet import load_inventory
 
         members = None
         if args.target is not None:
@@ -940,7 +935,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
     """Every operation of a host alias, or of each member of a group, as its dispatcher
     enforces it (docs/dispatcher.md)."""
     from sshadapter.dispatch import policy
-    from sshadapter.inventory import load_inventory
+    from sshadapter.inventory.fleet import load_inventory
 
     _, config, registry, policies = _load_with_path(args, also_dispatch=args.target)
     inventory = load_inventory(config)
@@ -955,7 +950,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
 def _cmd_sudoers(args: argparse.Namespace) -> int:
     """The sudoers drop-in of a dispatch host alias or group; with --check, proved."""
     from sshadapter.dispatch import policy, sudoers
-    from sshadapter.inventory import load_inventory
+    from sshadapter.inventory.fleet import load_inventory
     from sshadapter.shown import shown
 
     path, config, registry, policies = _load_with_path(args)
@@ -1056,7 +1051,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 def _cmd_inventory_show(args: argparse.Namespace) -> int:
     """The resolved inventory: what each target name stands for (docs/operations.md)."""
-    from sshadapter.inventory import host_set_digest, load_inventory
+    from sshadapter.inventory.fleet import host_set_digest, load_inventory
 
     _, config, _, _ = _load_with_path(args)
     inventory = load_inventory(config)
@@ -1093,8 +1088,8 @@ def _cmd_inventory_import(args: argparse.Namespace) -> int:
     """Hosts pinned in known_hosts, from Ansible or ssh -G, into one file (docs/operations.md)."""
     import json
 
-    from sshadapter.check import import_sources, importer
-    from sshadapter.inventory import MAX_GROUP_NESTING
+    from sshadapter.inventory import importer, sources
+    from sshadapter.inventory.fleet import MAX_GROUP_NESTING
 
     importer.check_target(args.write, force=args.force)
     if args.user:
@@ -1102,11 +1097,11 @@ def _cmd_inventory_import(args: argparse.Namespace) -> int:
     known_hosts_path = args.known_hosts.resolve()
     known_hosts = importer.read_known_hosts(known_hosts_path)
     if args.import_source == "ansible":
-        labels = import_sources.label_names(args.labels)
-        source = import_sources.from_ansible(args.file, labels)
+        labels = sources.label_names(args.labels)
+        source = sources.from_ansible(args.file, labels)
         origin = f"sshadapter inventory import ansible {json.dumps(args.file.name)}"
     else:
-        source = import_sources.from_ssh_config(args.aliases, args.ssh_config, args.user)
+        source = sources.from_ssh_config(args.aliases, args.ssh_config, args.user)
         origin = "sshadapter inventory import ssh-config"  # the aliases are in the file
     plan = importer.plan(source, known_hosts, known_hosts_path, args.user)
     for line in plan.left_out:
@@ -1142,9 +1137,8 @@ def _cmd_grants_explain(args: argparse.Namespace) -> int:
     import grp
     import pwd
 
-    from sshadapter.daemon.authorize import Peer
-    from sshadapter.daemon.grants import Access
-    from sshadapter.inventory import load_inventory
+    from sshadapter.daemon.access import Access, Peer
+    from sshadapter.inventory.fleet import load_inventory
 
     _, config, registry, _ = _load_with_path(args)
     op = registry.get(args.tool)

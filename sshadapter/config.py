@@ -7,9 +7,9 @@ Relative paths in ``[paths]`` are resolved against the directory of the config
 file, so the same file works from a checkout and from ``/etc/sshadapter/``.
 There is deliberately no option to turn host key checking off.
 
-Beside it: config_section.py (the base every section shares), config_catalog.py
-(the ``[catalog]`` section) and config_read.py (the raw file and the wording of
-every mistake).
+Beside it: sections.py (the tables that read no environment: the base every section
+shares, ``Allow`` and the ``[catalog]`` section, importable by the contract without
+pydantic-settings) and config_read.py (the raw file and the wording of every mistake).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from sshadapter.config_catalog import CatalogSection
 from sshadapter.config_read import (
     ENV_NESTING,
     ENV_PREFIX,
@@ -46,12 +45,12 @@ from sshadapter.config_read import (
     variable_of,
     with_host_defaults,
 )
+from sshadapter.errors import ConfigError
 
 # Allow and TARGET_NAME are the configuration's words: read from here like its sections.
-from sshadapter.config_section import TARGET_NAME as TARGET_NAME
-from sshadapter.config_section import Allow as Allow
-from sshadapter.config_section import Section
-from sshadapter.errors import ConfigError
+from sshadapter.sections import TARGET_NAME as TARGET_NAME
+from sshadapter.sections import Allow as Allow
+from sshadapter.sections import CatalogSection, Section
 
 DEFAULT_CONFIG_PATH: Final = Path("/etc/sshadapter/config.toml")
 # A few sections and hosts written by hand: a larger file is a mistake, not a config.

@@ -21,8 +21,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic_settings import SettingsError
 
 from sshadapter.bounded_read import read_bounded
-from sshadapter.config_catalog import CATALOG_FAMILIES
 from sshadapter.errors import ConfigError
+from sshadapter.sections import CATALOG_FAMILIES
 
 ENV_PREFIX: Final = "SSHADAPTER_"
 ENV_NESTING: Final = "__"

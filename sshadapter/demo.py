@@ -36,7 +36,6 @@ import asyncssh
 import orjson
 
 from sshadapter.config import (
-    Allow,
     AuditSection,
     Config,
     GroupSection,
@@ -56,6 +55,7 @@ from sshadapter.demo_hosts import (
     start_target,
 )
 from sshadapter.dispatch import policy
+from sshadapter.sections import Allow
 from sshadapter.shipped import ExamplesMissing, examples_root
 
 # The fleet: scripted hosts, each with its own port and pinned host key, one group by label.

@@ -25,7 +25,7 @@ because they become Prometheus label values and audit fields. Free text
 
 from __future__ import annotations
 
-import asyncio
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -400,6 +400,13 @@ def failure_of(exc: BaseException) -> Failure:
         return Failure("OVERLOADED", True, "admission", exc.reason)
     if isinstance(exc, AuditError):
         return Failure("INTERNAL", False, "audit", exc.reason, exc.detail)
-    if isinstance(exc, asyncio.CancelledError):  # cut by the drain deadline on shutdown
+    if _cancelled(exc):  # cut by the drain deadline on shutdown
         return Failure("INTERNAL", False, "shutdown", "drain_deadline")
     return Failure("INTERNAL", False, "internal", "bug", f"{type(exc).__name__}")
+
+
+def _cancelled(exc: BaseException) -> bool:
+    """A task cancelled by asyncio. Only a process that loaded asyncio has one, so the pure
+    engine (evaluation workers, ``sshadapter check``) asks without loading the event loop."""
+    asyncio = sys.modules.get("asyncio")
+    return asyncio is not None and isinstance(exc, asyncio.CancelledError)

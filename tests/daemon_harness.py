@@ -15,8 +15,8 @@ from typing import Any
 
 import orjson
 
+from sshadapter.audit.writer import FsyncPolicy
 from sshadapter.config import (
-    Allow,
     ApprovalsSection,
     AuditSection,
     Config,
@@ -27,15 +27,14 @@ from sshadapter.config import (
     PoolSection,
     ServerSection,
 )
-from sshadapter.config_catalog import CatalogSection
 from sshadapter.daemon.assemble import assemble
-from sshadapter.daemon.audit import FsyncPolicy
 from sshadapter.daemon.offload import Judge
 from sshadapter.daemon.server import Daemon
 from sshadapter.daemon.service import Service
 from sshadapter.daemon.unix_socket import bind_socket
 from sshadapter.runners.interface import Runner, RunResult
 from sshadapter.runners.scripted import ScriptedRunner
+from sshadapter.sections import Allow, CatalogSection
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = datetime(2026, 11, 30, 4, 12, tzinfo=UTC)

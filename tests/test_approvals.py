@@ -21,9 +21,9 @@ from daemon_harness import ROOT, Running, shipped_commands, with_daemon
 from mcp import Client, StdioServerParameters
 from mcp_harness import RawBridge, bridge_argv, raw_bridge
 
+from sshadapter.audit.verify import verify
 from sshadapter.config import ApprovalsSection, Config, GroupSection, HostSection, PathsSection
 from sshadapter.contract.commandfile import MAX_APPROVAL_TIMEOUT_SECONDS
-from sshadapter.daemon.audit_verify import verify
 from sshadapter.daemon.server import load
 from sshadapter.errors import ConfigError
 

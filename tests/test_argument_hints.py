@@ -17,7 +17,7 @@ from sshadapter.contract import envelope
 from sshadapter.contract.codes import HINT_RULES
 from sshadapter.contract.params import argument_hint
 from sshadapter.contract.schemas import SchemaSet
-from sshadapter.daemon.authorize import Peer
+from sshadapter.daemon.access import Peer
 from sshadapter.errors import EvidenceError
 
 PEER = Peer(pid=1, uid=os.getuid(), gid=os.getgid())

@@ -21,9 +21,9 @@ import orjson
 import pytest
 from daemon_harness import JOB_COMMAND, JOB_OUT, Running, shipped_commands, with_daemon
 
-from sshadapter.daemon.audit import GENESIS, AuditLog
-from sshadapter.daemon.audit_verify import verify
-from sshadapter.daemon.quarantine import Quarantine
+from sshadapter.audit.quarantine import Quarantine
+from sshadapter.audit.verify import verify
+from sshadapter.audit.writer import GENESIS, AuditLog
 from sshadapter.errors import AuditError, ConfigError
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
@@ -574,7 +574,7 @@ def test_rotation_under_concurrent_calls_fails_no_call(tmp_path: Path, sighup: b
 ROTATING_WRITER = r"""
 import asyncio, sys
 from pathlib import Path
-from sshadapter.daemon.audit import AuditLog
+from sshadapter.audit.writer import AuditLog
 
 async def main(path):
     log = AuditLog(path, fsync="always")

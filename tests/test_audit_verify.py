@@ -17,8 +17,8 @@ from daemon_harness import JOB_COMMAND, JOB_OUT, Running, with_daemon
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from sshadapter.daemon.audit import AuditLog
-from sshadapter.daemon.audit_verify import MAX_LINE_BYTES, SHOWN_CHARS, trail, verify
+from sshadapter.audit.verify import MAX_LINE_BYTES, SHOWN_CHARS, trail, verify
+from sshadapter.audit.writer import AuditLog
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 

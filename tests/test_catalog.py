@@ -23,11 +23,11 @@ from test_root_operations import require_sudo, sudoers_cli
 from sshadapter.catalog import CATALOG_DIR, catalog_operation_files
 from sshadapter.check.catalog_doc import PROVEN_PREFIX, markdown
 from sshadapter.config import ApprovalsSection, GroupSection, load_config
-from sshadapter.config_catalog import CATALOG_FAMILIES, ActionsFamily, CatalogSection
 from sshadapter.contract.commandfile import parse_command_file, read_command_bytes
 from sshadapter.daemon.server import load
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
+from sshadapter.sections import CATALOG_FAMILIES, ActionsFamily, CatalogSection
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 UNITS: Final = ("nginx.service", "php8.2-fpm.service")

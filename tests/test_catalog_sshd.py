@@ -29,8 +29,8 @@ from test_integration import write_config as integration_config
 
 from sshadapter.catalog import LISTED_PARAMETERS, catalog_operation_files, listed_parameters
 from sshadapter.check.catalog_doc import SYSTEMD_PROGRAMS, program
-from sshadapter.config_catalog import MUTATING_FAMILY
 from sshadapter.contract.commandfile import CommandFile, parse_command_file, read_command_bytes
+from sshadapter.sections import MUTATING_FAMILY
 
 ROOT: Final = Path(__file__).resolve().parents[1]
 # Where systemd, as PID 1, says it runs (sd_booted(3)): absent in this container.

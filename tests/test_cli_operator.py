@@ -15,7 +15,7 @@ from test_inventory import HEAD, write
 
 from sshadapter.cli import main
 from sshadapter.config import ApprovalsSection
-from sshadapter.inventory import host_set_digest
+from sshadapter.inventory.fleet import host_set_digest
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 

@@ -12,11 +12,11 @@ import orjson
 import pytest
 from daemon_harness import JOB_COMMAND, JOB_OUT, ROOT, Running, shipped_commands, with_daemon
 
-from sshadapter.config import Allow
 from sshadapter.daemon.unix_socket import bind_socket
 from sshadapter.errors import ConfigError
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
+from sshadapter.sections import Allow
 
 CALL = {"op": "call", "tool": "job_run_status", "args": {"project_id": "bluebird"}}
 AGENT_DATA = {k: JOB_OUT[k] for k in ("project_id", "run_id", "state", "observed_at")}

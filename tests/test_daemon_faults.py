@@ -28,9 +28,9 @@ from daemon_harness import Running, with_daemon
 from sshd import FaultServer, running_fault_server, write_known_hosts
 from test_crash import start_daemon
 
+from sshadapter.audit.verify import verify
 from sshadapter.config import DEFAULT_HOST_MAX_CONNECTIONS, HostSection, PoolSection
 from sshadapter.daemon import offload, systemd
-from sshadapter.daemon.audit_verify import verify
 from sshadapter.daemon.offload import MAX_POOL_FAILURES, WORKER_EXIT_GRACE_SECONDS, Judge, Judged
 from sshadapter.daemon.server import CUT_GRACE_SECONDS
 from sshadapter.runners.ssh.runner import SshRunner

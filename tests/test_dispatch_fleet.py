@@ -34,7 +34,7 @@ from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.server import load
 from sshadapter.dispatch import dispatcher, policy
 from sshadapter.errors import ConfigError
-from sshadapter.inventory import Inventory
+from sshadapter.inventory.fleet import Inventory
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 

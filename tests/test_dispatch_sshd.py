@@ -48,7 +48,6 @@ from test_logs import call, journal_lines, serving_on_the_journal
 from sshadapter.check.fixtures import load_fixtures
 from sshadapter.cli import main as cli_main
 from sshadapter.config import (
-    Allow,
     AuditSection,
     Config,
     PathsSection,
@@ -63,6 +62,7 @@ from sshadapter.daemon.drift import PolicyMonitor
 from sshadapter.daemon.server import Daemon
 from sshadapter.daemon.unix_socket import bind_socket
 from sshadapter.dispatch import dispatcher, policy
+from sshadapter.sections import Allow
 
 HOSTS = ("ci", "local")
 # A client that gives up early (ssh -tt without a PTY) may exit before the dispatcher logs.

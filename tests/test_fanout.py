@@ -21,10 +21,11 @@ import pytest
 from daemon_harness import ROOT, Running, with_daemon
 from sshd import FaultServer, running_fault_server, write_known_hosts
 
-from sshadapter.config import Allow, Grant, GroupSection, HostSection
-from sshadapter.daemon.audit_verify import verify
+from sshadapter.audit.verify import verify
+from sshadapter.config import Grant, GroupSection, HostSection
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
+from sshadapter.sections import Allow
 
 
 def closed_schema(name: str, **properties: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import pytest
 from daemon_harness import ROOT, Running, with_daemon
 from sshd import Sshd, running_sshd
 
-from sshadapter.daemon.audit_verify import verify
+from sshadapter.audit.verify import verify
 from sshadapter.runners.ssh.runner import SshRunner
 
 START_TIMEOUT_SECONDS = 20.0

@@ -11,7 +11,7 @@ import pytest
 
 from sshadapter.config import load_config
 from sshadapter.errors import ConfigError
-from sshadapter.inventory import host_set_digest, load_inventory
+from sshadapter.inventory.fleet import host_set_digest, load_inventory
 
 ROOT = Path(__file__).resolve().parents[1]
 

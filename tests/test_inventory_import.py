@@ -17,7 +17,7 @@ from test_inventory import write
 
 from sshadapter.cli import main
 from sshadapter.config import load_config
-from sshadapter.inventory import load_inventory, via_chain
+from sshadapter.inventory.fleet import load_inventory, via_chain
 from sshadapter.shown import shown
 
 ROOT = Path(__file__).resolve().parents[1]

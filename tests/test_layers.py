@@ -8,6 +8,9 @@ circle mypy and a reader see is a circle even when Python never runs it.
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,10 +30,8 @@ LEAVES = frozenset(
         ".rfc8259",
         ".strict_json",
         ".config",
-        ".config_section",
-        ".config_catalog",
+        ".sections",
         ".config_read",
-        ".inventory",
         ".bounded_read",
         ".client",
         ".shipped",
@@ -45,9 +46,12 @@ LEAVES = frozenset(
 ALLOWED: dict[str, frozenset[str]] = {
     "contract": frozenset({"sshadapter.runners.interface"}),
     "runners": frozenset(),
-    "dispatch": frozenset({"contract"}),
+    "inventory": frozenset(),
+    "dispatch": frozenset({"contract", "inventory"}),
     "check": frozenset({"contract", "sshadapter.runners.interface"}),
-    "daemon": frozenset({"contract", "runners", "dispatch"}),
+    # The trail's timestamps are the contract's one definition of a timestamp.
+    "audit": frozenset({"sshadapter.contract.rfc3339"}),
+    "daemon": frozenset({"contract", "runners", "dispatch", "audit", "inventory"}),
 }
 # The bridge starts once per agent session: the socket client, the strict parser and the
 # contract's import-free names only (tests/test_mcp_tools.py pins the libraries it loads).
@@ -126,7 +130,7 @@ def test_the_tree_has_the_parts_the_map_names() -> None:
 
 @pytest.mark.parametrize("source", sorted(GRAPH))
 def test_imports_point_one_way(source: str) -> None:
-    """Leaves < contract, runners < dispatch < daemon; check beside; mcp on leaves and codes."""
+    """Leaves < contract, runners, audit, inventory < dispatch < daemon; check and mcp beside."""
     wrong = sorted(target for target in GRAPH[source] if not allowed(source, target))
     assert wrong == [], f"{source} may not import {wrong}"
 
@@ -137,6 +141,34 @@ def test_the_contract_runs_no_event_loop_socket_or_process() -> None:
         if part(name) == "contract":
             found = {target.split(".")[0] for target in imported(path)} & CONTRACT_FORBIDDEN
             assert not found, f"{name} imports {sorted(found)}"
+
+
+# What a module may not load, through every import it runs in turn (third-party ones too):
+# the test above reads what the contract names, this one what Python loads. The contract
+# runs in evaluation workers and offline checks, so no event loop, no SSH library, no
+# environment reader and no processes; the metrics name the pool's close reasons, not its
+# SSH library. (socket and selectors are not here: jsonschema's format checkers load them,
+# and loading one opens nothing.)
+NEVER_LOADED = frozenset(
+    {"asyncio", "asyncssh", "pydantic_settings", "subprocess", "multiprocessing", "concurrent"}
+)
+LOADS_FORBIDDEN: dict[str, frozenset[str]] = {
+    **{name: NEVER_LOADED for name in MODULES if part(name) == "contract"},
+    "sshadapter.daemon.metrics": frozenset({"asyncssh"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOADS_FORBIDDEN))
+def test_what_a_module_loads_keeps_its_promise(name: str) -> None:
+    """Imported alone in a fresh interpreter, the module leaves none of its forbidden modules."""
+    code = (
+        f"import sys, importlib; importlib.import_module({name!r}); "
+        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert sorted(LOADS_FORBIDDEN[name] & set(done.stdout.split())) == []
 
 
 def test_nobody_imports_the_host_program() -> None:
@@ -205,3 +237,27 @@ def test_the_readme_layout_names_every_module() -> None:
         str(path.relative_to(ROOT)) for path in PACKAGE.rglob("*.py") if path.name != "__init__.py"
     }
     assert layout_map() == modules
+
+
+# Paths of the machine a module was written on, and of the studies beside the repository:
+# a reader of the tree has neither. What the code relies on is said in docs/.
+OUTSIDE_THE_TREE = re.compile(r"\.\./shared|/work/|research/")
+# A Markdown file a source names: every one is a file of the tree (docs/..., or a
+# fixture folder's PROVENANCE.md), never a study or a design note kept elsewhere.
+NAMED_DOCUMENT = re.compile(r"[\w./-]+\.md\b")
+
+
+def test_no_source_names_anything_outside_the_tree() -> None:
+    """Modules and command files cite docs/ and the tree, never a path or a note beyond it."""
+    basenames = {path.name for path in PACKAGE.rglob("*.md")}
+    sources = [*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.toml")]
+    assert len(sources) > len(MODULES)
+    wrong = []
+    for path in sources:
+        text = path.read_text()
+        wrong += [f"{path.relative_to(ROOT)}: {hit}" for hit in OUTSIDE_THE_TREE.findall(text)]
+        for name in NAMED_DOCUMENT.findall(text):
+            beside = (ROOT / name).is_file() or (path.parent / name).is_file()
+            if not beside and ("/" in name or name not in basenames):
+                wrong.append(f"{path.relative_to(ROOT)}: {name}")
+    assert wrong == []

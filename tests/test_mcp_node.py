@@ -50,7 +50,7 @@ from test_approvals import (
     run,
 )
 
-from sshadapter.daemon.audit_verify import verify
+from sshadapter.audit.verify import verify
 from sshadapter.mcp.tasks import MIN_TASK_TTL_MS
 from sshadapter.mcp.tools import TARGETS_TOOL
 

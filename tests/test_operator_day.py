@@ -14,11 +14,11 @@ import pytest
 from daemon_harness import JOB_COMMAND, JOB_OUT, ROOT, Running, with_daemon
 from test_integration import cli
 
+from sshadapter.audit.writer import GENESIS
 from sshadapter.check.fixtures import load_fixtures
 from sshadapter.check.report import check_registry
 from sshadapter.config import load_config
 from sshadapter.contract.registry import load_registry
-from sshadapter.daemon.audit import GENESIS
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner
 

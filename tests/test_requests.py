@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from sshadapter.contract import envelope
 from sshadapter.contract.registry import Registry
 from sshadapter.contract.schemas import SchemaSet
-from sshadapter.daemon.authorize import Peer
+from sshadapter.daemon.access import Peer
 from sshadapter.errors import UpstreamError
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.scripted import ScriptedRunner

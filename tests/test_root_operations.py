@@ -28,7 +28,7 @@ from sshd import Sshd, host_directory, login_account, policy_owner_args, running
 
 from sshadapter.cli import main as cli_main
 from sshadapter.contract.registry import Registry, load_registry
-from sshadapter.contract.root import SUDO_PROGRAM, sudo_prefix
+from sshadapter.contract.run_as import SUDO_PROGRAM, sudo_prefix
 from sshadapter.dispatch import dispatcher, policy, sudoers
 from sshadapter.errors import ConfigError
 

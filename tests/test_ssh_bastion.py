@@ -342,7 +342,7 @@ def test_via_in_host_defaults_and_a_direct_bastion(tmp_path: Path) -> None:
     from test_inventory import write
 
     from sshadapter.config import load_config
-    from sshadapter.inventory import load_inventory, via_chain
+    from sshadapter.inventory.fleet import load_inventory, via_chain
 
     config, _ = load_config(write(tmp_path, more=more))
     inventory = load_inventory(config)

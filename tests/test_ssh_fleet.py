@@ -25,7 +25,7 @@ from sshd import FaultServer, running_fault_server, write_known_hosts
 from sshadapter.config import Config, GroupSection, HostSection, PoolSection
 from sshadapter.daemon.assemble import warm_aliases
 from sshadapter.errors import ConfigError, UpstreamError
-from sshadapter.inventory import load_inventory
+from sshadapter.inventory.fleet import load_inventory
 from sshadapter.runners.ssh.runner import SshRunner
 
 T = TypeVar("T")

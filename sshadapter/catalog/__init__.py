@@ -21,8 +21,8 @@ from typing import Any, Final
 import orjson
 
 from sshadapter.bounded_read import read_bounded
-from sshadapter.config_catalog import MUTATING_FAMILY, CatalogFamily, CatalogSection
 from sshadapter.errors import ConfigError
+from sshadapter.sections import MUTATING_FAMILY, CatalogFamily, CatalogSection
 
 CATALOG_DIR: Final = Path(__file__).resolve().parent
 SCHEMAS_DIR: Final = CATALOG_DIR / "schemas"

@@ -2,6 +2,6 @@
 
 ``report.check_registry`` runs them and ``report.format_table`` prints the
 result; ``fixtures`` reads the fixture format, ``nearmiss`` derives the cases.
-Reference: docs/fixtures.md. ``importer`` and ``import_sources`` are the other offline tool,
-``sshadapter inventory import`` (docs/operations.md "Import").
+Reference: docs/fixtures.md. The other offline tool, ``sshadapter inventory import``,
+lives with the inventory it writes (``sshadapter.inventory.importer``).
 """

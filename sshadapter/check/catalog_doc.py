@@ -21,8 +21,8 @@ from sshadapter.catalog import (
     catalog_operation_files,
     listed_parameters,
 )
-from sshadapter.config_catalog import CATALOG_FAMILIES, MUTATING_FAMILY
 from sshadapter.contract.commandfile import CommandFile, parse_command_file, read_command_bytes
+from sshadapter.sections import CATALOG_FAMILIES, MUTATING_FAMILY
 
 PROVEN_PREFIX: Final = "Proven on: "
 MAX_PROVENANCE_BYTES: Final = 256 * 1024  # a table of fixtures and their sources

@@ -30,11 +30,11 @@ from pydantic import (
 )
 
 from sshadapter.bounded_read import read_bounded
-from sshadapter.config import Allow
 from sshadapter.contract.codes import TARGET_ARGUMENT
 from sshadapter.contract.extract import FieldType
 from sshadapter.contract.semantic import Checks
 from sshadapter.errors import ConfigError
+from sshadapter.sections import Allow
 from sshadapter.strict_json import DEFAULT_MAX_DEPTH, MAX_DEPTH_LIMIT
 
 PARAM_NAME: Final = r"^[a-z][a-z0-9_]{0,62}$"

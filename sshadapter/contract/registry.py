@@ -44,7 +44,7 @@ from sshadapter.contract.params import (
     param_warnings,
     params_schema_of,
 )
-from sshadapter.contract.root import RootCommand, root_command, sudo_prefix
+from sshadapter.contract.run_as import RootCommand, root_command, sudo_prefix
 from sshadapter.contract.schemas import LoadedSchema, SchemaSet, Validator
 from sshadapter.contract.sources import RegistrySource
 from sshadapter.errors import ConfigError, EvidenceError, RequestError

@@ -60,7 +60,7 @@ def _refuse_retrieval(uri: str) -> Any:
 class Projection:
     """Some top-level properties of a schema file, made self-contained for publication.
 
-    What an agent is shown of the output schema (DESIGN.md stage 10): only the
+    What an agent is shown of the output schema (docs/protocol.md stage 10): only the
     projected fields' subschemas, nothing of the file around them (its title,
     its description of the upstream command, the fields never projected), and
     every ``$ref`` inside them rewritten to ``#/$defs/<name>`` of the document

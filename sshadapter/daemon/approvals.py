@@ -35,13 +35,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from sshadapter.config import Allow, ApprovalsSection
+from sshadapter.audit.writer import AuditLog, now_text
+from sshadapter.config import ApprovalsSection
 from sshadapter.contract.codes import SYSTEM_TOOL
-from sshadapter.daemon.audit import AuditLog, now_text
-from sshadapter.daemon.authorize import Peer, resolve
+from sshadapter.daemon.access import Peer, resolve
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.records import Approval, CallRecord, command_digest, who
 from sshadapter.errors import ApprovalError, AuditError, OverloadedError
+from sshadapter.sections import Allow
 
 # The requests only approvers are answered; everyone else gets `unknown_op`, exactly as
 # for an op that does not exist (no oracle for the channel).

@@ -20,17 +20,17 @@ from typing import Final
 
 from prometheus_client import start_http_server
 
+from sshadapter.audit.quarantine import Quarantine
+from sshadapter.audit.writer import AuditLog
 from sshadapter.config import Config, load_config
-from sshadapter.daemon.audit import AuditLog
 from sshadapter.daemon.drift import PolicyMonitor
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.offload import Judge
-from sshadapter.daemon.quarantine import Quarantine
 from sshadapter.daemon.server import Daemon, load
 from sshadapter.daemon.service import Service, Sleep
 from sshadapter.daemon.unix_socket import open_listening_socket, unlink_if_ours
 from sshadapter.errors import ConfigError
-from sshadapter.inventory import Inventory
+from sshadapter.inventory.fleet import Inventory
 from sshadapter.runners.interface import Runner
 from sshadapter.runners.ssh.runner import SshRunner
 

@@ -361,7 +361,7 @@ async def check_hosts(
     wanted = {alias: policies[alias] for alias in chosen}
     own = None
     if runner is None:
-        from sshadapter.inventory import via_chain
+        from sshadapter.inventory.fleet import via_chain
         from sshadapter.runners.ssh.runner import SshRunner
 
         needed = {hop for alias in chosen for hop in (alias, *via_chain(alias, config.hosts))}

@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 from sshadapter import __version__
 from sshadapter.contract.codes import CODES, SYSTEM_TOOL
 from sshadapter.errors import CONNECT_REASONS
-from sshadapter.runners.ssh.fleet import CLOSE_REASONS
+from sshadapter.runners.ssh.limits import CLOSE_REASONS
 
 # Seconds: a warm SSH call takes ~4 ms; timeouts go up to minutes.
 DURATION_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

@@ -16,13 +16,13 @@ from typing import Any
 
 import orjson
 
+from sshadapter.audit.writer import now_text
 from sshadapter.contract.evaluate import Verdict
 from sshadapter.contract.registry import Operation
-from sshadapter.daemon.audit import now_text
-from sshadapter.daemon.authorize import Peer
+from sshadapter.daemon.access import Peer
 from sshadapter.daemon.progress import NO_PROGRESS, Progress
 from sshadapter.errors import ApprovalError, UpstreamError, failure_of
-from sshadapter.inventory import host_set_digest
+from sshadapter.inventory.fleet import host_set_digest
 from sshadapter.runners.interface import RunResult
 
 

@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from sshadapter import __version__
+from sshadapter.audit.writer import AuditLog, now_text
 from sshadapter.catalog import read_catalog
 from sshadapter.config import Config, Grant, load_config
 from sshadapter.contract.registry import Registry, load_registry
 from sshadapter.daemon import systemd
-from sshadapter.daemon.audit import AuditLog, now_text
 from sshadapter.daemon.drift import PolicyMonitor
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.offload import Judge
@@ -46,7 +46,7 @@ from sshadapter.daemon.service import Service
 from sshadapter.daemon.unix_socket import SOCKET_BACKLOG, hangup, peer_of
 from sshadapter.dispatch import policy
 from sshadapter.errors import ConfigError, UpstreamError
-from sshadapter.inventory import Inventory, load_inventory
+from sshadapter.inventory.fleet import Inventory, load_inventory
 from sshadapter.runners.interface import FANOUT_HOST, Runner
 
 log = logging.getLogger(__name__)

@@ -28,22 +28,21 @@ from typing import Any, Final
 
 import orjson
 
+from sshadapter.audit.quarantine import Quarantine
+from sshadapter.audit.writer import AuditLog
 from sshadapter.client import PROGRESS_VERSION
-from sshadapter.config import DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT, Allow, ApprovalsSection, Grant
+from sshadapter.config import DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT, ApprovalsSection, Grant
 from sshadapter.contract import envelope
 from sshadapter.contract.codes import SYSTEM_TOOL, TARGET_ARGUMENT
 from sshadapter.contract.evaluate import Sealed, Verdict, seal_line
 from sshadapter.contract.registry import Operation, Registry
+from sshadapter.daemon.access import Access, Peer
 from sshadapter.daemon.approvals import APPROVER_OPS, Approvals, Watch, unwatched
-from sshadapter.daemon.audit import AuditLog
-from sshadapter.daemon.authorize import Peer
 from sshadapter.daemon.drift import PolicyMonitor
 from sshadapter.daemon.fanout_answer import FanoutAnswer
-from sshadapter.daemon.grants import Access
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.offload import Judge
 from sshadapter.daemon.progress import NO_PROGRESS, Progress, Report
-from sshadapter.daemon.quarantine import Quarantine
 from sshadapter.daemon.records import CallRecord, HostRun
 from sshadapter.errors import (
     AuditError,
@@ -54,9 +53,10 @@ from sshadapter.errors import (
     UpstreamError,
     failure_of,
 )
-from sshadapter.inventory import Inventory, host_set_digest
+from sshadapter.inventory.fleet import Inventory, host_set_digest
 from sshadapter.pacing import HOST_STARTS, Pacer
 from sshadapter.runners.interface import FANOUT_HOST, Runner, RunResult
+from sshadapter.sections import Allow
 from sshadapter.shown import shown
 from sshadapter.strict_json import StrictJSONError, strict_loads
 
@@ -80,10 +80,6 @@ _DIGEST: Final = re.compile(r"[0-9a-f]{64}")
 # stays small for the agent host (an enum of 1,000 aliases is ~16 KB per tool).
 MAX_TARGET_ENUM: Final = 64
 TARGETS_PAGE: Final = 500  # names per `targets` answer: ~8 KB
-# Fan-out hosts that may start while a single call runs (FanoutSlots): measured on two
-# cores, a single call's p50 beside a 128-host fan-out was 43x its idle p50 with 64 hosts
-# in flight, 6x with 8.
-FANOUT_HOSTS_BESIDE_SINGLE: Final = 1
 _NOT_A_CHOICE: Final = {"parameter": TARGET_ARGUMENT, "rule": "choice"}
 """The one hint for a `run_on` this caller may not use, whatever the reason (no oracle)."""
 

@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+from sshadapter.audit.private_paths import make_private_dirs
 from sshadapter.config import Config
 from sshadapter.daemon import systemd
-from sshadapter.daemon.authorize import Peer
-from sshadapter.daemon.private_paths import make_private_dirs
+from sshadapter.daemon.access import Peer
 from sshadapter.errors import ConfigError
 
 log = logging.getLogger(__name__)

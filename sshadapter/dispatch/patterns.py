@@ -31,6 +31,10 @@ Python's ``re``), ``\\0``, a surrogate ``\\uD800``-``\\uDFFF`` (no JSON string
 holds one alone), ``\\D \\W \\S`` inside a class, a quantifier on a quantifier
 or an anchor, and unescaped ``] } {`` or a ``[``, ``&&``, ``--`` or ``~~``
 inside a class (Rust reads them as class syntax).
+
+contract/run_as.py parses a narrower subset of the same syntax for ``run_as``
+(a tree of character sets, for sudo's POSIX expression): its comment says why
+the two parsers stay two.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from sshadapter.errors import ConfigError
 if TYPE_CHECKING:
     from sshadapter.config import Config
     from sshadapter.contract.registry import Operation, Registry
-    from sshadapter.inventory import Inventory
+    from sshadapter.inventory.fleet import Inventory
 
 POLICY_FORMAT: Final = "sshadapter-dispatch-policy/1"
 DIGEST_COMMAND: Final = "#sshadapter-policy-digest"  # shlex.quote never leaves "#" bare
@@ -184,13 +184,6 @@ def operations_by_host(
             if alias in placed:
                 placed[alias].append(op)
     return placed
-
-
-def runs_on(op: Operation, alias: str, inventory: Inventory | None) -> bool:
-    """Whether ``op`` may run on host ``alias`` (its ``host``, or one of its targets' hosts)."""
-    if op.spec.host == alias:
-        return True
-    return inventory is not None and any(alias in inventory.members(t) for t in op.spec.targets)
 
 
 def host_policy(

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from sshadapter import __version__
-from sshadapter.contract.root import RootCommand
+from sshadapter.contract.run_as import RootCommand
 
 if TYPE_CHECKING:
     from sshadapter.contract.registry import Operation

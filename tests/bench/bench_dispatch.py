@@ -63,12 +63,13 @@ from dispatch_support import (  # noqa: E402
 )
 from sshd import generate_key, host_directory, policy_owner_args, running_sshd  # noqa: E402
 
-from sshadapter.config import Allow, AuditSection, Config, PathsSection, ServerSection  # noqa: E402
+from sshadapter.config import AuditSection, Config, PathsSection, ServerSection  # noqa: E402
 from sshadapter.contract.registry import load_registry  # noqa: E402
 from sshadapter.daemon.assemble import assemble  # noqa: E402
 from sshadapter.daemon.server import Daemon  # noqa: E402
 from sshadapter.daemon.unix_socket import bind_socket  # noqa: E402
 from sshadapter.dispatch import policy  # noqa: E402
+from sshadapter.sections import Allow  # noqa: E402
 
 COMMAND = "cat /proc/loadavg"
 CALLS_PER_ROUND = 20

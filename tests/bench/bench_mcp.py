@@ -52,14 +52,15 @@ CALL = {"op": "call", "tool": "load_average", "args": {}}
 
 def serve_scripted(workdir: Path) -> None:
     """The daemon, in this process: shipped commands, load_average answered by a script."""
-    from sshadapter.config import Allow, AuditSection, Config, PathsSection, ServerSection
+    from sshadapter.audit.writer import AuditLog
+    from sshadapter.config import AuditSection, Config, PathsSection, ServerSection
     from sshadapter.contract.registry import load_registry
-    from sshadapter.daemon.audit import AuditLog
     from sshadapter.daemon.server import Daemon
     from sshadapter.daemon.service import Service
     from sshadapter.daemon.unix_socket import bind_socket
     from sshadapter.runners.interface import RunResult
     from sshadapter.runners.scripted import ScriptedRunner
+    from sshadapter.sections import Allow
 
     config = Config(
         server=ServerSection(socket_path=workdir / "sshadapter.sock"),

@@ -158,7 +158,8 @@ def load_certificate(
 
 def certified(keys: list[asyncssh.SSHKey], cert: asyncssh.SSHCertificate) -> ClientKeys:
     """The key with its certificate, alone: asyncssh would also offer the bare key after a
-    refused certificate (privilege.md A1), which would hide the refusal's cause."""
+    refused certificate (docs/operations.md "User certificates"), which would hide the
+    refusal's cause."""
     try:
         pairs = asyncssh.load_keypairs([(keys[0], cert)])
     except (OSError, ValueError) as exc:  # "Certificate key mismatch"

@@ -37,7 +37,7 @@ from sshadapter.errors import UpstreamError
 from sshadapter.runners.interface import FANOUT_HOST
 from sshadapter.runners.ssh import exec_gate
 from sshadapter.runners.ssh.dial import certificate_label, dial, lists_host
-from sshadapter.runners.ssh.fleet import Fleet
+from sshadapter.runners.ssh.limits import Fleet
 from sshadapter.runners.ssh.session import Session, open_channel
 from sshadapter.runners.ssh.spare import SPARE_MAX_BUSY, Spare, exec_on_spare
 from sshadapter.runners.ssh.translate import DETAIL_MAX_CHARS, again, translate

@@ -47,7 +47,7 @@ from sshadapter.config import HostSection, PoolSection
 from sshadapter.errors import UpstreamError
 from sshadapter.runners.interface import RunResult
 from sshadapter.runners.ssh.file_cache import FileCache
-from sshadapter.runners.ssh.fleet import Fleet
+from sshadapter.runners.ssh.limits import Fleet
 from sshadapter.runners.ssh.pool import Pool
 from sshadapter.runners.ssh.quiet_logging import skip_disabled_log_calls
 from sshadapter.runners.ssh.session import Session
@@ -78,7 +78,7 @@ class SshRunner:
         per failed connect;
         ``on_connect(alias)`` each time a new connection to ``alias`` is established;
         ``on_close(reason)`` each time the pool closes an idle or retired connection itself
-        (``fleet.CLOSE_REASONS``); ``on_jump_lost(alias)`` each time a connection of a
+        (``limits.CLOSE_REASONS``); ``on_jump_lost(alias)`` each time a connection of a
         jump host (some host's ``via``) drops without the pool closing it.
 
         Every ``via`` must name a host of ``hosts`` (load_inventory checked the chains)."""

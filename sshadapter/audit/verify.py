@@ -1,6 +1,6 @@
 """`sshadapter audit verify`: is the trail whole, and which calls died with the daemon?
 
-Each record's ``prev`` is the sha256 of the line before it (sshadapter/daemon/audit.py),
+Each record's ``prev`` is the sha256 of the line before it (sshadapter/audit/writer.py),
 so an edited record breaks the link to the next one, a deleted or reordered
 record breaks the link across the gap, and text cut out of the middle breaks
 it at the cut. A line that is not a record is a break too, unless it is the
@@ -39,9 +39,9 @@ from typing import IO, Any, Final
 
 import orjson
 
+from sshadapter.audit.tail import rotated
+from sshadapter.audit.writer import GENESIS, MAX_RECORD_BYTES
 from sshadapter.bounded_read import NotRegular, open_regular
-from sshadapter.daemon.audit import GENESIS, MAX_RECORD_BYTES
-from sshadapter.daemon.audit_tail import rotated
 from sshadapter.shown import shown
 
 # The longest line read as a record: the longest the daemon writes. A longer line is

@@ -17,11 +17,13 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from sshadapter.config import PoolSection
 from sshadapter.pacing import HANDSHAKE_STARTS, Pacer
-from sshadapter.runners.ssh.file_cache import FileCache
+
+if TYPE_CHECKING:  # the cache loads asyncssh; the metrics read CLOSE_REASONS without it
+    from sshadapter.runners.ssh.file_cache import FileCache
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ MAX_GROUP_NESTING: Final = 16
 # The implicit group of every host alias (Ansible's name for it): no file declares it.
 ALL_GROUP: Final = "all"
 # Jump hosts before a target (``via`` chains): each hop adds a handshake and a round trip
-# to every call's connect; real fleets use one, rarely two (privilege.md B1).
+# to every call's connect; real fleets use one, rarely two (docs/operations.md "Bastions").
 MAX_VIA_HOPS: Final = 3
 
 

@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Final
 
-from sshadapter.daemon.private_paths import check_private, make_private_dirs
+from sshadapter.audit.private_paths import check_private, make_private_dirs
 from sshadapter.errors import ConfigError
 
 FILE_MODE: Final = 0o600

@@ -1,6 +1,13 @@
-"""Stage 2 for a fleet: which targets a caller may name for a tool. Deny by default.
+"""Stage 2, authorize: who is calling, and which tools and targets they may use.
 
-Reference: docs/protocol.md "Who may call". Two sources, resolved once per load:
+Reference: docs/protocol.md "Who may call". Who is calling comes from the kernel
+(``Peer``), never from the request. Deny by default: the caller's uid, or its
+primary or one of its supplementary groups, must be listed in an ``allow`` table.
+Group names are resolved to gids once per load and reload, never per call: a name
+lookup goes through NSS, which can block on LDAP or sssd, and costs ~0.2 ms even
+for a local name that does not exist. A group that does not exist admits nobody.
+
+Which targets a caller may name for a tool has two sources, resolved once per load:
 
 - an operation's ``allow`` (or ``[server] allow``) is the shorthand: a caller it
   admits may use every target the operation lists;
@@ -16,18 +23,57 @@ The choices are computed per caller identity and kept until the next reload.
 
 from __future__ import annotations
 
+import grp
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from sshadapter.config import Allow, Grant
+from sshadapter.config import Grant
 from sshadapter.contract.registry import Operation, Registry
-from sshadapter.daemon.authorize import Callers, Peer, resolve
-from sshadapter.inventory import Inventory
+from sshadapter.inventory.fleet import Inventory
+from sshadapter.sections import Allow
+
+log = logging.getLogger(__name__)
 
 ANY_READ_ONLY_TOOL: Final = "*"
 # Identities whose choices are kept between reloads: agents on one machine are few.
 MAX_CACHED_CALLERS: Final = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Who is calling, from the kernel (SO_PEERCRED), never from the request."""
+
+    pid: int
+    uid: int
+    gid: int
+    groups: frozenset[int] = frozenset()
+    """Supplementary groups of the calling process, when the kernel tells them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Callers:
+    """An ``allow`` table with its group names resolved to gids."""
+
+    uids: frozenset[int]
+    gids: frozenset[int]
+
+    def admit(self, peer: Peer) -> bool:
+        return (
+            peer.uid in self.uids or peer.gid in self.gids or not self.gids.isdisjoint(peer.groups)
+        )
+
+
+def resolve(allow: Allow, *, where: str = "allow") -> Callers:
+    """Resolve ``allow`` now; an unknown group is logged once and admits nobody."""
+    gids = set()
+    for name in allow.groups:
+        try:
+            gids.add(grp.getgrnam(name).gr_gid)
+        except KeyError:
+            log.warning("%s: group %r does not exist: it admits nobody", where, name)
+    return Callers(frozenset(allow.uids), frozenset(gids))
 
 
 @dataclass(frozen=True, slots=True)

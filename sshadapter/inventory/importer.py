@@ -1,6 +1,6 @@
 """`sshadapter inventory import`: a source's hosts -> an inventory file, only pinned hosts.
 
-Reference: docs/operations.md "Import". A source (``import_sources``) says
+Reference: docs/operations.md "Import". A source (``sources``) says
 which hosts exist, where they are and how they are grouped; it never says
 which key they have. So every host must already be pinned by the operator's
 known_hosts file (a key line for its address, or an ``@cert-authority`` line
@@ -28,17 +28,18 @@ import orjson
 from pydantic import ValidationError
 
 from sshadapter.bounded_read import read_bounded
-from sshadapter.check.import_sources import (
+from sshadapter.config import LABEL_WORD, HostDefaults
+from sshadapter.errors import ConfigError
+from sshadapter.inventory.fleet import MAX_GROUP_NESTING, MAX_VIA_HOPS
+from sshadapter.inventory.sources import (
     DEFAULT_SSH_PORT,
     Host,
     Source,
     named_first,
     target_name,
 )
-from sshadapter.config import LABEL_WORD, TARGET_NAME, HostDefaults
-from sshadapter.errors import ConfigError
-from sshadapter.inventory import MAX_GROUP_NESTING, MAX_VIA_HOPS
 from sshadapter.safe_write import TargetDirectory, check_directory
+from sshadapter.sections import TARGET_NAME
 from sshadapter.shown import shown
 
 # The daemon reads known_hosts with the same cap (runners/ssh/dial.py MAX_KNOWN_HOSTS_BYTES).

@@ -60,9 +60,9 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from sshadapter.audit.private_paths import check_private, make_private_dirs
+from sshadapter.audit.tail import last_record, last_rotated_record
 from sshadapter.contract.rfc3339 import format_rfc3339
-from sshadapter.daemon.audit_tail import last_record, last_rotated_record
-from sshadapter.daemon.private_paths import check_private, make_private_dirs
 from sshadapter.errors import AuditError, ConfigError
 from sshadapter.shown import shown
 

@@ -1,14 +1,35 @@
-"""The ``[catalog]`` section: which families of the shipped catalog load, and what the
-configuration replaces in them (docs/catalog.md).
+"""The configuration's tables that read no environment: who may call, and the catalog's.
+
+Reference: docs/operations.md "Configuration" and "Switching the catalog on". A command
+file's ``allow`` (the contract) and the catalog's ``[catalog]`` tables are validated
+with these pydantic models alone; config.py builds the whole file from them and adds the
+environment overrides (pydantic-settings), which the pure engine never loads: an
+evaluation worker and ``sshadapter check`` judge bytes, they read no variables.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Final
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sshadapter.config_section import TARGET_NAME, Allow, Section
+# A target is a host alias or a group name: one namespace, the agent's `target` argument.
+TARGET_NAME: Final = r"^[a-z][a-z0-9_-]{0,62}$"
+
+
+class Section(BaseModel):
+    """A table of the configuration: frozen, closed, every number finite."""
+
+    # No inf or nan (TOML has both): a timeout that never ends is no timeout.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class Allow(Section):
+    """Who may call: deny by default, a uid or a group name is enough."""
+
+    uids: tuple[Annotated[int, Field(ge=0)], ...] = ()
+    groups: tuple[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")], ...] = ()
+
 
 # The catalog's families: the directories of sshadapter/catalog/ (docs/catalog.md).
 CATALOG_FAMILIES: Final = (

@@ -224,6 +224,12 @@ def _param_language(file: str, key: str, schema: Mapping[str, Any]) -> _Node:
 
 
 # The pattern subset -------------------------------------------------------------------
+# Not dispatch/patterns.py's parser, on purpose: that one reads everything jsonschema-rs
+# and Python's re read alike (``.``, ``\s``, ``\uHHHH``, lazy quantifiers, any code point)
+# and writes it back out as Python syntax, text to text. This one must know every atom's
+# characters as a finite set of VALUE_CHARACTERS, to write a POSIX ERE and the example
+# arguments, so it reads a strict subset into a tree and refuses the rest. One parser for
+# both would either narrow what a dispatch host accepts or widen what sudo is given.
 
 
 class _Parser:

@@ -2,7 +2,7 @@
 
 Reference: docs/audit.md "Hash chain". A record is as long as its call made it: a fan-out's
 result lists every host with its attempts (1.3 MB for 512 hosts, up to
-``audit.MAX_RECORD_BYTES``). So no buffer bounds the last record: its line is found by
+``writer.MAX_RECORD_BYTES``). So no buffer bounds the last record: its line is found by
 reading back from the end of the file in chunks, then hashed while it is read forward again,
 and memory stays at one chunk whatever its length.
 

@@ -1,8 +1,8 @@
 """`sshadapter audit show REQUEST_ID`: one call's records, verified, as a person reads them.
 
 Reference: docs/audit.md "Hash chain", `sshadapter audit show`. The records are found across the
-rotated files (``audit_verify.trail``) while the chain over every file read is checked
-(``audit_verify.verify``): a call is shown only from a trail that is whole. Every value
+rotated files (``verify.trail``) while the chain over every file read is checked
+(``verify.verify``): a call is shown only from a trail that is whole. Every value
 printed comes from a file someone may have edited, so each (keys and nested values too) is
 one line through ``sshadapter.shown`` (control characters, line breaks and bidi controls
 written as ``\\n``, ``\\x1b``, ``\\u202e``...) and shortened; a field of the wrong type is
@@ -88,7 +88,7 @@ def _where(record: Mapping[str, Any]) -> str:
 
 
 def format_call(request_id: str, found: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
-    """The records of one call (``audit_verify.Report.kept``), in the order written."""
+    """The records of one call (``verify.Report.kept``), in the order written."""
     tool = next((r.get("tool") for _, r in found if r.get("tool")), None)
     lines = [f"{text(request_id)}  {text(tool)}"]
     for where, record in found:
