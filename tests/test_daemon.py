@@ -448,6 +448,36 @@ def test_stop_drains_in_flight_calls(tmp_path: Path) -> None:
     with_daemon(tmp_path, body, runner=ScriptedRunner({JOB_COMMAND: slow}))
 
 
+def test_stop_logs_stopping_drained_and_stopped_with_the_calls_in_flight(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stopping with one call in flight logs three lines: stopping (1 call), drained, stopped."""
+    release = asyncio.Event()
+
+    async def held() -> RunResult:
+        await release.wait()
+        return RunResult(orjson.dumps(JOB_OUT), b"", 0)
+
+    async def body(d: Running) -> None:
+        pending = asyncio.create_task(d.ask(CALL))
+        while not d.daemon.service.calls:  # the call is in flight
+            await asyncio.sleep(0.01)
+        d.daemon.stop()
+        while d.daemon.state.value != "draining":
+            await asyncio.sleep(0.01)
+        release.set()
+        assert (await pending)["outcome"] == "success"
+
+    with caplog.at_level(logging.INFO, logger="sshadapter.daemon.server"):
+        with_daemon(tmp_path, body, runner=ScriptedRunner({JOB_COMMAND: held}))
+    lines = [r.getMessage() for r in caplog.records if r.name == "sshadapter.daemon.server"]
+    assert lines[-3:] == [
+        "stopping: 1 calls in flight on 1 connections, drain deadline 30s",
+        "drained: 1 calls ended in the drain, 0 cut",
+        "stopped",
+    ]
+
+
 def test_stale_socket_is_replaced_but_a_live_one_is_not(tmp_path: Path) -> None:
     """A socket file nobody listens on is replaced; a listening one is refused."""
     path = tmp_path / "s.sock"

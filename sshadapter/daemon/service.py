@@ -286,7 +286,12 @@ class Service:
                 request_id,
                 peer.uid,
                 exc.reason,
-                extra={"request_id": request_id},
+                extra={
+                    "request_id": request_id,
+                    "code": "INVALID_REQUEST",
+                    "stage": "request",
+                    "reason": exc.reason,
+                },
             )
             return self._system_answer(request_id, "INVALID_REQUEST", started)
         except Exception:
@@ -707,7 +712,13 @@ def _log_failure(call: CallRecord, verdict: Verdict) -> None:
         code,
         stage,
         reason,
-        extra={"request_id": call.request_id},
+        extra={
+            "request_id": call.request_id,
+            "tool": call.op.name,
+            "code": code,
+            "stage": stage,
+            "reason": reason,
+        },
     )
 
 
@@ -726,7 +737,7 @@ def _log_fanout(call: CallRecord, hosts: FanoutAnswer) -> None:
         sum(failed.values()),
         len(call.hosts),
         " ".join(f"{code}={n}" for code, n in failed.items()),
-        extra={"request_id": call.request_id},
+        extra={"request_id": call.request_id, "tool": call.op.name},
     )
 
 
