@@ -225,8 +225,10 @@ def test_serve_under_the_journal_logs_each_refused_call_once_at_warning(
 def test_a_json_line_carries_the_tool_code_stage_and_reason_as_fields(
     sshd: Sshd, tmp_path: Path
 ) -> None:
-    """format = "json": a refused call's, a failed call's and a bad request's line have
-    tool, code, stage and reason as fields of their own, not only in the message."""
+    """format = "json": a failed call's line has tool, code, stage and reason as fields.
+
+    So do a refused call's and a bad request's (no tool there), not only in the message.
+    """
     config = write_config(tmp_path, sshd)
     config.write_text(config.read_text() + '\n[logging]\nformat = "json"\n')
     stderr_path = tmp_path / "stderr"
@@ -263,8 +265,7 @@ def test_a_json_line_carries_the_tool_code_stage_and_reason_as_fields(
 
 
 def test_json_logs_name_the_drain_stopping_drained_and_stopped(sshd: Sshd, tmp_path: Path) -> None:
-    """SIGTERM: the daemon's last lines say stopping (with the calls in flight), drained
-    (with those ended and cut) and stopped."""
+    """SIGTERM: the daemon's last lines say stopping, drained and stopped, with counts."""
     config = write_config(tmp_path, sshd)
     config.write_text(config.read_text() + '\n[logging]\nformat = "json"\n')
     stderr_path = tmp_path / "stderr"
