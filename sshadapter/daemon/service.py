@@ -38,7 +38,7 @@ from sshadapter.daemon.approvals import APPROVER_OPS, Approvals, Watch, unwatche
 from sshadapter.daemon.audit import AuditLog
 from sshadapter.daemon.authorize import Peer
 from sshadapter.daemon.drift import PolicyMonitor
-from sshadapter.daemon.fanout_answer import FanoutAnswer
+from sshadapter.daemon.fanout import FanoutAnswer
 from sshadapter.daemon.grants import Access
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.offload import Judge
