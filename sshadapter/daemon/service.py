@@ -14,37 +14,34 @@ by the shutdown deadline (written synchronously while it is cancelled).
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
-import hashlib
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
 
-from sshadapter.client import PROGRESS_VERSION
 from sshadapter.config import DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT, Allow, ApprovalsSection, Grant
 from sshadapter.contract import envelope
 from sshadapter.contract.codes import SYSTEM_TOOL, TARGET_ARGUMENT
 from sshadapter.contract.evaluate import Sealed, Verdict, seal_line
 from sshadapter.contract.registry import Operation, Registry
-from sshadapter.daemon.approvals import APPROVER_OPS, Approvals, Watch, unwatched
+from sshadapter.daemon.approvals import Approvals, Watch, unwatched
 from sshadapter.daemon.audit import AuditLog
 from sshadapter.daemon.authorize import Peer
 from sshadapter.daemon.drift import PolicyMonitor
 from sshadapter.daemon.fanout import FanoutAnswer
 from sshadapter.daemon.grants import Access
+from sshadapter.daemon.listing import list_digest, targets_page, tools_for
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.offload import Judge
 from sshadapter.daemon.progress import NO_PROGRESS, Progress, Report
 from sshadapter.daemon.quarantine import Quarantine
 from sshadapter.daemon.records import CallRecord, HostRun
+from sshadapter.daemon.request import receive
 from sshadapter.errors import (
     AuditError,
     DeniedError,
@@ -54,32 +51,14 @@ from sshadapter.errors import (
     UpstreamError,
     failure_of,
 )
-from sshadapter.inventory import Inventory, host_set_digest
+from sshadapter.inventory import Inventory
 from sshadapter.pacing import HOST_STARTS, Pacer
 from sshadapter.runners.interface import FANOUT_HOST, Runner, RunResult
 from sshadapter.shown import shown
-from sshadapter.strict_json import StrictJSONError, strict_loads
 
 log = logging.getLogger(__name__)
 
 RETRY_BACKOFF_SECONDS: Final = 0.2  # before the 2nd attempt, doubling: a blip has time to pass
-REQUEST_MAX_DEPTH: Final = 8  # {"op", "tool", "args": {name: scalar}} needs 2; a little room
-_REQUEST_KEYS: Final = {
-    "call": {"op", "tool", "args", "progress"},
-    "list": {"op"},
-    "targets": {"op", "tool", "after"},
-    # approvers only (approvals.APPROVER_OPS); anyone else: `unknown_op`
-    "approvals": {"op"},
-    "approve": {"op", "request_id", "digest"},
-    "deny": {"op", "request_id"},
-}
-_REQUEST_ID: Final = re.compile(r"req\.[0-9a-f]{20}")
-_DIGEST: Final = re.compile(r"[0-9a-f]{64}")
-# `run_on` is published as an enum up to this many choices (groups are few; ~16 bytes
-# each): past it, a pattern and the paged `targets` listing, so that one tool's schema
-# stays small for the agent host (an enum of 1,000 aliases is ~16 KB per tool).
-MAX_TARGET_ENUM: Final = 64
-TARGETS_PAGE: Final = 500  # names per `targets` answer: ~8 KB
 # Fan-out hosts that may start while a single call runs (FanoutSlots): measured on two
 # cores, a single call's p50 beside a 128-host fan-out was 43x its idle p50 with 64 hosts
 # in flight, 6x with 8.
@@ -88,21 +67,6 @@ _NOT_A_CHOICE: Final = {"parameter": TARGET_ARGUMENT, "rule": "choice"}
 """The one hint for a `run_on` this caller may not use, whatever the reason (no oracle)."""
 
 Sleep = Callable[[float], Awaitable[None]]
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    op: str
-    tool: str = ""
-    args: Mapping[str, Any] = field(default_factory=dict)
-    after: str = ""
-    """`targets` only: the last name of the previous page."""
-    request_id: str = ""
-    """`approve` and `deny`: the pending call's request id."""
-    digest: str = ""
-    """`approve`: the sha256 of the command the approver was shown."""
-    progress: bool = False
-    """`call`: the caller asked for progress lines before the answer."""
 
 
 class Admission:
@@ -123,41 +87,6 @@ class Admission:
             yield self._slots
         finally:
             self.admitted -= 1
-
-
-def receive(line: bytes, max_bytes: int, approver: bool = False) -> Request:
-    """Stage 1: one request line, parsed by the same strict parser as results. The
-    approvers' ops exist only for an ``approver``."""
-    try:
-        value = strict_loads(line, max_bytes=max_bytes, max_depth=REQUEST_MAX_DEPTH)
-    except StrictJSONError as exc:
-        raise RequestError(f"json_{exc.reason}", exc.detail) from exc
-    op = value.get("op") if isinstance(value, dict) else None
-    if not isinstance(op, str) or op not in _REQUEST_KEYS or (op in APPROVER_OPS and not approver):
-        raise RequestError("unknown_op")
-    if value.keys() - _REQUEST_KEYS[op]:
-        raise RequestError("unknown_request_key")
-    if op in ("list", "approvals"):
-        return Request(op)
-    if op in ("approve", "deny"):
-        request_id, digest = value.get("request_id"), value.get("digest", "")
-        if not isinstance(request_id, str) or not _REQUEST_ID.fullmatch(request_id):
-            raise RequestError("malformed_call")
-        if op == "approve" and not (isinstance(digest, str) and _DIGEST.fullmatch(digest)):
-            raise RequestError("malformed_call")
-        return Request(op, request_id=request_id, digest=digest)
-    if op == "targets":
-        tool, after = value.get("tool"), value.get("after", "")
-        if not isinstance(tool, str) or not isinstance(after, str) or len(after) > 63:
-            raise RequestError("malformed_call")
-        return Request("targets", tool, after=after)
-    tool, args = value.get("tool"), value.get("args", {})
-    if not isinstance(tool, str) or not isinstance(args, dict):
-        raise RequestError("malformed_call")
-    progress = value.get("progress", PROGRESS_VERSION)
-    if type(progress) is not int or progress != PROGRESS_VERSION:  # not True, not 1.0
-        raise RequestError("malformed_call")
-    return Request("call", tool, args, progress="progress" in value)
 
 
 class Service:
@@ -230,7 +159,7 @@ class Service:
         if grants is not None:
             self.grants = grants
         self.access = Access(registry, self.inventory, self.grants, self.default_allow)
-        self.list_digest = _list_digest(registry, self.inventory, self.grants)
+        self.list_digest = list_digest(registry, self.inventory, self.grants)
         """Sent with `list`: changes when a tool, a group or a grant does (a caller's
         `run_on` choices follow all three), so a client caching the list notices."""
         for op in registry.operations.values():
@@ -267,7 +196,12 @@ class Service:
         try:
             request = receive(line, self.max_request_bytes, self.approvals.admits(peer))  # 1
             if request.op == "list":
-                return _line({"tools": self.tools_for(peer), "digest": self.list_digest})
+                return _line(
+                    {
+                        "tools": tools_for(self.registry, self.access, peer),
+                        "digest": self.list_digest,
+                    }
+                )
             if request.op == "approvals":
                 return _line(self.approvals.listing())
             if request.op in ("approve", "deny"):
@@ -277,7 +211,7 @@ class Service:
             if op is None:
                 raise RequestError("unknown_tool")
             if request.op == "targets":
-                return _line(self.targets_page(op, peer, request.after))
+                return _line(targets_page(self.access, op, peer, request.after))
         except RequestError as exc:
             # Logged, counted, not audited: nothing could run, and the line itself may be
             # hostile bulk that has no business in the audit trail.
@@ -315,39 +249,6 @@ class Service:
         drain's cut, not a caller's). The calls running now, as ``<request id> (<tool>)``."""
         self.cut_on_cancel = True
         return [f"{rid} ({call.op.name})" for rid, call in sorted(self.calls.items())]
-
-    def tools_for(self, peer: Peer) -> list[Mapping[str, Any]]:
-        """`list` for ``peer``: the tools it may call; `run_on` lists its own choices."""
-        entries = []
-        for op in self.registry.operations.values():
-            choices = self.access.choices(op, peer)
-            if not choices:
-                continue
-            if not op.multi:
-                entries.append(op.list_entry)
-                continue
-            schema = dict(op.params_schema)
-            entries.append(
-                {
-                    **op.list_entry,
-                    "input_schema": {
-                        **schema,
-                        "properties": {TARGET_ARGUMENT: _run_on(choices), **schema["properties"]},
-                        "required": [TARGET_ARGUMENT, *schema["required"]],
-                    },
-                }
-            )
-        return entries
-
-    def targets_page(self, op: Operation, peer: Peer, after: str) -> dict[str, Any]:
-        """The `targets` answer: ``peer``'s choices for ``op`` after ``after``, one page."""
-        choices = self.access.choices(op, peer)
-        if not choices:
-            raise RequestError("unknown_tool")  # not listed for this caller: as if absent
-        start = bisect.bisect_right(choices, after) if after else 0
-        page = list(choices[start : start + TARGETS_PAGE])
-        more = start + TARGETS_PAGE < len(choices)
-        return {"tool": op.name, "targets": page, "next": page[-1] if more and page else None}
 
     def _system_answer(self, request_id: str, code: str, started: float) -> bytes:
         self.metrics.observe_call(SYSTEM_TOOL, "failure", code, time.monotonic() - started)
@@ -761,31 +662,6 @@ def _should_retry(
         and (op.spec.idempotent or not ran)  # after execution only for idempotent ones
         and time.monotonic() + backoff + op.spec.timeout_seconds <= deadline
     )
-
-
-def _list_digest(registry: Registry, inventory: Inventory, grants: tuple[Grant, ...]) -> str:
-    """The registry's digest, or (with groups or grants) one over it and them."""
-    if not inventory.groups and not grants:
-        return registry.digest
-    h = hashlib.sha256(registry.digest.encode())
-    for name, members in sorted(inventory.groups.items()):
-        h.update(f"\0group/{name}\0{host_set_digest(members)}".encode())
-    for grant in grants:
-        h.update(b"\0grant/" + orjson.dumps(grant.model_dump(mode="json")))
-    return f"sha256:{h.hexdigest()}"
-
-
-def _run_on(choices: tuple[str, ...]) -> dict[str, Any]:
-    """The published schema of `run_on` for one caller's choices."""
-    described = "Which host or group to run on"
-    if len(choices) <= MAX_TARGET_ENUM:
-        return {"type": "string", "enum": list(choices), "description": f"{described}."}
-    return {
-        "type": "string",
-        "pattern": envelope.FANOUT_TARGET_PATTERN,
-        "maxLength": 63,
-        "description": f"{described}: {len(choices)} choices, listed by the `targets` request.",
-    }
 
 
 def _line(value: Mapping[str, Any]) -> bytes:
