@@ -14,7 +14,7 @@ by the shutdown deadline (written synchronously while it is cancelled).
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -33,7 +33,7 @@ from sshadapter.daemon.approvals import Approvals, Watch, unwatched
 from sshadapter.daemon.audit import AuditLog
 from sshadapter.daemon.authorize import Peer
 from sshadapter.daemon.drift import PolicyMonitor
-from sshadapter.daemon.fanout import FanoutAnswer
+from sshadapter.daemon.fanout import FanOut
 from sshadapter.daemon.grants import Access
 from sshadapter.daemon.listing import list_digest, targets_page, tools_for
 from sshadapter.daemon.metrics import Metrics
@@ -52,17 +52,11 @@ from sshadapter.errors import (
     failure_of,
 )
 from sshadapter.inventory import Inventory
-from sshadapter.pacing import HOST_STARTS, Pacer
-from sshadapter.runners.interface import FANOUT_HOST, Runner, RunResult
-from sshadapter.shown import shown
+from sshadapter.runners.interface import Runner, RunResult
 
 log = logging.getLogger(__name__)
 
 RETRY_BACKOFF_SECONDS: Final = 0.2  # before the 2nd attempt, doubling: a blip has time to pass
-# Fan-out hosts that may start while a single call runs (FanoutSlots): measured on two
-# cores, a single call's p50 beside a 128-host fan-out was 43x its idle p50 with 64 hosts
-# in flight, 6x with 8.
-FANOUT_HOSTS_BESIDE_SINGLE: Final = 1
 _NOT_A_CHOICE: Final = {"parameter": TARGET_ARGUMENT, "rule": "choice"}
 """The one hint for a `run_on` this caller may not use, whatever the reason (no oracle)."""
 
@@ -132,12 +126,8 @@ class Service:
         """Set by the drain past its deadline: a cancelled call then answers INTERNAL."""
         self.registry = registry
         self.grants = grants
-        self.max_fanout_hosts_in_flight = max_fanout_hosts_in_flight
-        """The most workers one fan-out starts (each takes its hosts in turn)."""
-        self.fanout_hosts = asyncio.Semaphore(max_fanout_hosts_in_flight)
-        """Hosts in flight across every fan-out (DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT)."""
-        self.fanout_starts = Pacer(HOST_STARTS)
-        """How fast fan-out hosts start, all fan-outs together (sshadapter/pacing.py)."""
+        self.fanout = FanOut(max_fanout_hosts_in_flight, self.metrics)
+        """Every fan-out's hosts, run in turn within the daemon's bounds."""
         self.inventory = inventory or Inventory.bare(
             op.spec.host for op in registry.operations.values() if op.spec.host
         )
@@ -362,58 +352,16 @@ class Service:
 
     async def _fan_out(self, call: CallRecord, args: Mapping[str, Any]) -> Verdict:
         """Stages 4-10 on every host of the target: one intent first, then each host alone
-        (its own attempts, verdict and quarantine), within the call's deadline and its
-        concurrency, and the daemon's hosts in flight. A host that fails, fails alone."""
-        fanout = call.op.spec.fanout
+        (its own attempts, verdict and quarantine), run and answered by daemon/fanout.py.
+        A host that fails, fails alone."""
         call.runs = {host: HostRun(host, call.host_rows) for host in call.hosts}
         if call.approval is not None:
             call.approval.check(call.command)  # what runs is what was approved
         await self.audit.append(call.intent())  # 4: durable before the first exec
-        # One host is a single call, wherever it was named: it takes no fan-out slot and no
-        # start's turn, so it never waits behind a fan-out (its call slot bounds it already).
-        fanning = len(call.hosts) > 1
-        slot = self.fanout_hosts if fanning else contextlib.nullcontext()
-        answer = FanoutAnswer(fanout.max_results)
-        # The call's concurrency and the daemon's hosts in flight bound the hosts running at
-        # once: that many workers take the hosts in turn, so a waiting host is one HostRun,
-        # not a task of its own (1,000 pending tasks were ~1 KB each).
-        waiting = iter(call.runs.values())
+        return await self.fanout.run(call, functools.partial(self._host, call, args))
 
-        async def worker() -> None:
-            # Set in this worker's own context: its hosts' connect failures are not logged
-            # one by one; _fanout_verdict logs the fan-out's one line with the counts.
-            FANOUT_HOST.set(len(call.hosts) > 1)
-            for run in waiting:  # shared: each host is taken by one worker
-                async with slot:
-                    if fanning:
-                        await self.fanout_starts.start()  # the rate the loop's lag allows
-                    await self._host(call, args, run, answer)
-
-        workers = min(len(call.runs), fanout.concurrency, self.max_fanout_hosts_in_flight)
-        tasks = [asyncio.ensure_future(worker()) for _ in range(workers)]
-        try:
-            done, _ = await asyncio.wait(tasks, timeout=fanout.deadline_seconds)
-        finally:
-            for task in tasks:
-                task.cancel()  # a no-op on those done; on cancellation, every host stops
-            await asyncio.gather(*tasks, return_exceptions=True)
-        for task in done:
-            if not task.cancelled() and (exc := task.exception()) is not None:
-                raise exc  # a bug in one host's stages: the whole call is INTERNAL
-        deadline = Verdict(
-            failure=failure_of(UpstreamError("fanout_deadline", retryable=True, ran=True))
-        )
-        for run in call.runs.values():
-            if run.span is None:  # running or waiting when the deadline passed
-                run.close_attempt(deadline)
-                self._answered(call, answer, run, deadline)
-        return self._fanout_verdict(call, answer)
-
-    async def _host(
-        self, call: CallRecord, args: Mapping[str, Any], run: HostRun, answer: FanoutAnswer
-    ) -> None:
-        """One host of a fan-out, alone: its attempts, its verdict to the answer. Its
-        envelope lives only here, not in the worker that goes on to the next host."""
+    async def _host(self, call: CallRecord, args: Mapping[str, Any], run: HostRun) -> Verdict:
+        """Stages 4-10 on one host of a fan-out, alone: its attempts and its verdict."""
         try:
             self._refuse_drifted(call.op, run.host)
             if len(call.hosts) > 1:
@@ -425,31 +373,8 @@ class Service:
         except (DispatchRefusal, UpstreamError) as exc:
             verdict = Verdict(failure=failure_of(exc))
             run.close_attempt(verdict)
-        self._answered(call, answer, run, verdict)
         self._after_refusal(call.op, run.host, verdict)
-
-    def _answered(
-        self, call: CallRecord, answer: FanoutAnswer, run: HostRun, verdict: Verdict
-    ) -> None:
-        """One host is done: its own envelope (checked by the operation's host guard) goes
-        to the answer, which keeps it only if it is shown; the host keeps its audit row,
-        serialized. So no host's output outlives its judging."""
-        answer.add(run.host, seal_line(call.op, call.request_id, verdict))
-        run.answered(verdict)
-        call.progress.host_done(len(call.hosts))
-
-    def _fanout_verdict(self, call: CallRecord, hosts: FanoutAnswer) -> Verdict:
-        """The fan-out answer from the hosts' counts and the entries shown, checked as a
-        whole."""
-        op = call.op
-        for (outcome, code), n in hosts.kinds.items():  # one series update per kind of answer
-            self.metrics.fanout_hosts.labels(op.name, outcome, code).inc(n)
-        _log_fanout(call, hosts)
-        answer = envelope.success(op.name, call.request_id, hosts.data(call.target))
-        if not op.envelope_guard.is_valid(answer):
-            raise RuntimeError("fan-out envelope does not match its schema")  # a bug
-        line = orjson.dumps(answer, option=orjson.OPT_APPEND_NEWLINE)
-        return Verdict(sealed=Sealed("success", None, line))
+        return verdict
 
     async def _attempts(
         self, call: CallRecord, args: Mapping[str, Any], host: str, record: HostRun | CallRecord
@@ -620,25 +545,6 @@ def _log_failure(call: CallRecord, verdict: Verdict) -> None:
             "stage": stage,
             "reason": reason,
         },
-    )
-
-
-def _log_fanout(call: CallRecord, hosts: FanoutAnswer) -> None:
-    """The one warning line of a fan-out whose hosts failed, however many: its request id,
-    tool, target and the hosts failed by code (closed lists); which host failed how is in
-    the audit's host rows."""
-    failed = hosts.failures_by_code()
-    if not failed:
-        return
-    log.warning(
-        "%s %s on %s: %d of %d hosts failed: %s",
-        call.request_id,
-        call.op.name,
-        shown(call.target),
-        sum(failed.values()),
-        len(call.hosts),
-        " ".join(f"{code}={n}" for code, n in failed.items()),
-        extra={"request_id": call.request_id, "tool": call.op.name},
     )
 
 
