@@ -17,18 +17,19 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
 
-from sshadapter.config import DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT, Allow, ApprovalsSection, Grant
+from sshadapter.config import ApprovalsSection, Grant, ServerSection
 from sshadapter.contract import envelope
 from sshadapter.contract.codes import SYSTEM_TOOL, TARGET_ARGUMENT
-from sshadapter.contract.evaluate import Sealed, Verdict, seal_line
+from sshadapter.contract.evaluate import Verdict, seal_line
 from sshadapter.contract.registry import Operation, Registry
+from sshadapter.daemon.admission import Admission
 from sshadapter.daemon.approvals import Approvals, Watch, unwatched
 from sshadapter.daemon.audit import AuditLog
 from sshadapter.daemon.authorize import Peer
@@ -42,11 +43,17 @@ from sshadapter.daemon.progress import NO_PROGRESS, Progress, Report
 from sshadapter.daemon.quarantine import Quarantine
 from sshadapter.daemon.records import CallRecord, HostRun
 from sshadapter.daemon.request import receive
+from sshadapter.daemon.verdicts import (
+    RETRY_BACKOFF_SECONDS,
+    answered,
+    count,
+    log_failure,
+    should_retry,
+)
 from sshadapter.errors import (
     AuditError,
     DeniedError,
     DispatchRefusal,
-    OverloadedError,
     RequestError,
     UpstreamError,
     failure_of,
@@ -56,31 +63,20 @@ from sshadapter.runners.interface import Runner, RunResult
 
 log = logging.getLogger(__name__)
 
-RETRY_BACKOFF_SECONDS: Final = 0.2  # before the 2nd attempt, doubling: a blip has time to pass
 _NOT_A_CHOICE: Final = {"parameter": TARGET_ARGUMENT, "rule": "choice"}
 """The one hint for a `run_on` this caller may not use, whatever the reason (no oracle)."""
 
 Sleep = Callable[[float], Awaitable[None]]
 
 
-class Admission:
-    """At most ``slots`` calls run; at most ``queue`` wait; the rest are OVERLOADED at once."""
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """The service's clock and its wait, together: a test gives both, production neither."""
 
-    def __init__(self, slots: int, queue: int) -> None:
-        self._slots = asyncio.Semaphore(slots)
-        self._limit = slots + queue
-        self.admitted = 0
-        """Calls running or waiting for a slot."""
-
-    @contextmanager
-    def ticket(self) -> Iterator[asyncio.Semaphore]:
-        if self.admitted >= self._limit:
-            raise OverloadedError
-        self.admitted += 1
-        try:
-            yield self._slots
-        finally:
-            self.admitted -= 1
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+    """The wall clock an output is judged at (its checks may compare its times to it)."""
+    sleep: Sleep = asyncio.sleep
+    """The wait between attempts (RETRY_BACKOFF_SECONDS, doubling)."""
 
 
 class Service:
@@ -91,33 +87,28 @@ class Service:
         registry: Registry,
         runner: Runner,
         audit: AuditLog,
+        server: ServerSection,
         *,
-        default_allow: Allow,
-        max_request_bytes: int,
-        max_concurrent_calls: int,
-        max_queue: int,
         metrics: Metrics | None = None,
         quarantine: Quarantine | None = None,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        sleep: Sleep = asyncio.sleep,
         judge: Judge | None = None,
         dispatch: PolicyMonitor | None = None,
         inventory: Inventory | None = None,
         grants: tuple[Grant, ...] = (),
-        max_fanout_hosts_in_flight: int = DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT,
         approvals: ApprovalsSection | None = None,
+        timing: Timing = Timing(),
     ) -> None:
         self.runner = runner
         self.judge = judge or Judge(workers=0)
         self.audit = audit
-        self.default_allow = default_allow
-        self.max_request_bytes = max_request_bytes
-        self.admission = Admission(max_concurrent_calls, max_queue)
+        self.default_allow = server.allow
+        self.max_request_bytes = server.max_request_bytes
+        self.admission = Admission(server.max_concurrent_calls, server.max_queue)
         self.metrics = metrics or Metrics()
         self.quarantine = quarantine
         self.metrics.inflight.set_function(lambda: self.admission.admitted)
-        self.clock = clock
-        self.sleep = sleep
+        self.clock = timing.clock
+        self.sleep = timing.sleep
         self.dispatch = dispatch
         """The policy state of dispatch hosts (docs/dispatcher.md), when there are any."""
         self.calls: dict[str, CallRecord] = {}
@@ -126,12 +117,12 @@ class Service:
         """Set by the drain past its deadline: a cancelled call then answers INTERNAL."""
         self.registry = registry
         self.grants = grants
-        self.fanout = FanOut(max_fanout_hosts_in_flight, self.metrics)
+        self.fanout = FanOut(server.max_fanout_hosts_in_flight, self.metrics)
         """Every fan-out's hosts, run in turn within the daemon's bounds."""
         self.inventory = inventory or Inventory.bare(
             op.spec.host for op in registry.operations.values() if op.spec.host
         )
-        self.access = Access(registry, self.inventory, grants, default_allow)
+        self.access = Access(registry, self.inventory, grants, server.allow)
         self.approvals = Approvals(approvals or ApprovalsSection(), audit, self.metrics)
         """Calls waiting for a person, and who may decide them (docs/protocol.md "Approval")."""
         self.install(registry)
@@ -392,7 +383,7 @@ class Service:
                     call.approval.check(call.command)  # what runs is what was approved
                 await self.audit.append(call.intent(), alone=len(self.calls) == 1)  # 4
             verdict, ran = await self._attempt(call, args, host, record)
-            if not _should_retry(op, verdict, ran, len(record.attempts), deadline):
+            if not should_retry(op, verdict, ran, len(record.attempts), deadline):
                 return verdict
             await self.sleep(RETRY_BACKOFF_SECONDS * 2 ** (len(record.attempts) - 1))
 
@@ -468,11 +459,11 @@ class Service:
             log.error("%s result not written: %s", call.request_id, exc)
             self.metrics.audit_failures.inc()
             failure = failure_of(exc)
-            verdict = Verdict(failure=failure, sealed=_answered(call, failure.code))
-        self._count(call, verdict)
+            verdict = Verdict(failure=failure, sealed=answered(call, failure.code))
+        count(self.metrics, call, verdict)
         assert verdict.sealed is not None  # by _prepare, or just above
         if verdict.sealed.outcome == "failure":
-            _log_failure(call, verdict)
+            log_failure(call, verdict)
         return verdict.sealed.line
 
     def _prepare(self, call: CallRecord, verdict: Verdict) -> tuple[Verdict, dict[str, Any]]:
@@ -484,21 +475,6 @@ class Service:
         verdict = Verdict(failure=verdict.failure, sealed=sealed)
         return verdict, call.result(verdict)
 
-    def _count(self, call: CallRecord, verdict: Verdict) -> None:
-        m, tool, sealed, failure = self.metrics, call.op.name, verdict.sealed, verdict.failure
-        assert sealed is not None  # counted once answered
-        rejected = sealed.code == "INVALID_RESPONSE" and failure is not None
-        m.observe_call(
-            tool,
-            sealed.outcome,
-            sealed.code,
-            time.monotonic() - call.started,
-            (failure.stage, failure.reason) if rejected and failure else None,
-        )
-        for attempt in call.attempts:
-            if attempt.evidence is not None:
-                m.output_bytes.labels(tool).observe(attempt.evidence.stdout_bytes)
-
     def _record_cut(self, call: CallRecord) -> bytes:
         """A call cancelled by the shutdown deadline: its result record, written now, counted;
         its INTERNAL answer returned.
@@ -507,7 +483,7 @@ class Service:
         either way its answer is INTERNAL: a result not yet durable is not sent.
         """
         failure = self._failed(call, asyncio.CancelledError()).failure
-        cut = Verdict(failure=failure, sealed=_answered(call, "INTERNAL"))
+        cut = Verdict(failure=failure, sealed=answered(call, "INTERNAL"))
         if not call.result_written:
             try:
                 self.audit.write(call.result(cut))
@@ -518,56 +494,9 @@ class Service:
         self.metrics.observe_call(
             call.op.name, "failure", "INTERNAL", time.monotonic() - call.started
         )
-        _log_failure(call, cut)
+        log_failure(call, cut)
         assert cut.sealed is not None
         return cut.sealed.line
-
-
-def _log_failure(call: CallRecord, verdict: Verdict) -> None:
-    """The one warning line of a refused or failed call: its request id, tool, code, stage
-    and reason (closed lists), never the detail (which may quote what a host returned)."""
-    failure, sealed = verdict.failure, verdict.sealed
-    code = sealed.code if sealed is not None else None
-    stage = failure.stage if failure is not None else None
-    reason = failure.reason if failure is not None else None
-    log.warning(
-        "%s %s %s: %s %s/%s",
-        call.request_id,
-        call.op.name,
-        "failed" if call.attempts else "refused",
-        code,
-        stage,
-        reason,
-        extra={
-            "request_id": call.request_id,
-            "tool": call.op.name,
-            "code": code,
-            "stage": stage,
-            "reason": reason,
-        },
-    )
-
-
-def _answered(call: CallRecord, code: str) -> Sealed:
-    """A failure the daemon answers without a verdict to seal (the result record could not
-    be made durable; the drain cut the call): not retryable."""
-    line = _line(envelope.failure(call.op.name, call.request_id, code, False))
-    return Sealed("failure", code, line)
-
-
-def _should_retry(
-    op: Operation, verdict: Verdict, ran: bool, attempts: int, deadline: float
-) -> bool:
-    retry, failure = op.spec.retry, verdict.failure
-    backoff = RETRY_BACKOFF_SECONDS * 2 ** (attempts - 1)
-    return (
-        failure is not None
-        and failure.code in retry.on
-        and failure.retryable
-        and attempts < retry.attempts
-        and (op.spec.idempotent or not ran)  # after execution only for idempotent ones
-        and time.monotonic() + backoff + op.spec.timeout_seconds <= deadline
-    )
 
 
 def _line(value: Mapping[str, Any]) -> bytes:
