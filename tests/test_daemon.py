@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import orjson
@@ -176,13 +177,20 @@ def test_many_connections_at_once_then_a_normal_call(tmp_path: Path) -> None:
     with_daemon(tmp_path, body, max_connections=64)
 
 
+def held_until(release: asyncio.Event) -> Callable[[], Awaitable[RunResult]]:
+    """The job's scripted run: its output once ``release`` is set."""
+
+    async def held() -> RunResult:
+        await release.wait()
+        return RunResult(orjson.dumps(JOB_OUT), b"", 0)
+
+    return held
+
+
 def test_overload_answers_at_once(tmp_path: Path) -> None:
     """One slot, no queue: a second concurrent call is OVERLOADED, retryable."""
     release = asyncio.Event()
-
-    async def slow() -> RunResult:
-        await release.wait()
-        return RunResult(orjson.dumps(JOB_OUT), b"", 0)
+    slow = held_until(release)
 
     async def body(d: Running) -> None:
         first = asyncio.create_task(d.ask(CALL))
@@ -453,10 +461,7 @@ def test_stop_logs_stopping_drained_and_stopped_with_the_calls_in_flight(
 ) -> None:
     """Stopping with one call in flight logs three lines: stopping (1 call), drained, stopped."""
     release = asyncio.Event()
-
-    async def held() -> RunResult:
-        await release.wait()
-        return RunResult(orjson.dumps(JOB_OUT), b"", 0)
+    held = held_until(release)
 
     async def body(d: Running) -> None:
         pending = asyncio.create_task(d.ask(CALL))

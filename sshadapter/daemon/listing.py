@@ -1,5 +1,6 @@
-"""What a caller may see: the `list` and `targets` answers (docs/protocol.md "list",
-"targets"), each for one caller's own choices, and the digest `list` carries.
+"""What a caller may see and name: the `list` and `targets` answers (docs/protocol.md
+"list", "targets"), each for one caller's own choices, the digest `list` carries, and
+stage 3's reading of `run_on` among those choices.
 """
 
 from __future__ import annotations
@@ -17,14 +18,55 @@ from sshadapter.contract.codes import TARGET_ARGUMENT
 from sshadapter.contract.registry import Operation, Registry
 from sshadapter.daemon.authorize import Peer
 from sshadapter.daemon.grants import Access
+from sshadapter.daemon.records import CallRecord
 from sshadapter.errors import RequestError
 from sshadapter.inventory import Inventory, host_set_digest
+
+_NOT_A_CHOICE: Final = {"parameter": TARGET_ARGUMENT, "rule": "choice"}
+"""The one hint for a `run_on` this caller may not use, whatever the reason (no oracle)."""
 
 # `run_on` is published as an enum up to this many choices (groups are few; ~16 bytes
 # each): past it, a pattern and the paged `targets` listing, so that one tool's schema
 # stays small for the agent host (an enum of 1,000 aliases is ~16 KB per tool).
 MAX_TARGET_ENUM: Final = 64
 TARGETS_PAGE: Final = 500  # names per `targets` answer: ~8 KB
+
+
+def read_target(
+    call: CallRecord,
+    args: Mapping[str, Any],
+    choices: tuple[str, ...],
+    access: Access,
+    inventory: Inventory,
+) -> Mapping[str, Any]:
+    """Stage 3 for an operation with targets: `run_on` among the caller's choices, its
+    hosts within the fan-out policy. Returns the other arguments."""
+    op = call.op
+    target = args.get(TARGET_ARGUMENT)
+    if not isinstance(target, str):
+        rule = "missing" if TARGET_ARGUMENT not in args else "type"
+        raise RequestError(
+            "bad_arguments",
+            f"/{TARGET_ARGUMENT}: a target name is required",
+            {"parameter": TARGET_ARGUMENT, "rule": rule},
+        )
+    call.target = target[:63]
+    if target not in choices:  # one answer for all of them, hint too; the audit keeps which
+        if target in access.candidates(op):
+            raise RequestError("target_not_granted", target[:63], _NOT_A_CHOICE)
+        if inventory.exists(target):
+            reason = "fanout_disabled" if inventory.is_group(target) else "target_not_listed"
+            raise RequestError(reason, target[:63], _NOT_A_CHOICE)
+        raise RequestError("unknown_target", target[:63], _NOT_A_CHOICE)
+    hosts = inventory.members(target)
+    if len(hosts) > op.spec.fanout.max_hosts:  # a choice of this caller's: no oracle
+        raise RequestError(
+            "too_many_hosts",
+            f"{target}: {len(hosts)} > {op.spec.fanout.max_hosts}",
+            {"parameter": TARGET_ARGUMENT, "rule": "hosts"},
+        )
+    call.hosts = hosts
+    return {k: v for k, v in args.items() if k != TARGET_ARGUMENT}
 
 
 def tools_for(registry: Registry, access: Access, peer: Peer) -> list[Mapping[str, Any]]:

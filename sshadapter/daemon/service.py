@@ -20,13 +20,13 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any
 
 import orjson
 
 from sshadapter.config import ApprovalsSection, Grant, ServerSection
 from sshadapter.contract import envelope
-from sshadapter.contract.codes import SYSTEM_TOOL, TARGET_ARGUMENT
+from sshadapter.contract.codes import SYSTEM_TOOL
 from sshadapter.contract.evaluate import Verdict, seal_line
 from sshadapter.contract.registry import Operation, Registry
 from sshadapter.daemon.admission import Admission
@@ -36,7 +36,7 @@ from sshadapter.daemon.authorize import Peer
 from sshadapter.daemon.drift import PolicyMonitor
 from sshadapter.daemon.fanout import FanOut
 from sshadapter.daemon.grants import Access
-from sshadapter.daemon.listing import list_digest, targets_page, tools_for
+from sshadapter.daemon.listing import list_digest, read_target, targets_page, tools_for
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.offload import Judge
 from sshadapter.daemon.progress import NO_PROGRESS, Progress, Report
@@ -62,9 +62,6 @@ from sshadapter.inventory import Inventory
 from sshadapter.runners.interface import Runner, RunResult
 
 log = logging.getLogger(__name__)
-
-_NOT_A_CHOICE: Final = {"parameter": TARGET_ARGUMENT, "rule": "choice"}
-"""The one hint for a `run_on` this caller may not use, whatever the reason (no oracle)."""
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -281,7 +278,7 @@ class Service:
         if not choices:  # 2
             raise DeniedError
         if call.op.multi:
-            args = self._target(call, args, choices)  # 3: which hosts
+            args = read_target(call, args, choices, self.access, self.inventory)  # 3: which hosts
         call.op.check_args(args)  # 3
         call.command = call.op.command(args)  # 3: refuses what no remote command can receive
         if call.op.spec.approval.required:
@@ -298,38 +295,6 @@ class Service:
                 verdict = await self._attempts(call, args, host, call)  # 4-10
         self._after_refusal(call.op, host, verdict)
         return verdict
-
-    def _target(
-        self, call: CallRecord, args: Mapping[str, Any], choices: tuple[str, ...]
-    ) -> Mapping[str, Any]:
-        """Stage 3 for an operation with targets: `run_on` among the caller's choices, its
-        hosts within the fan-out policy. Returns the other arguments."""
-        op, inventory = call.op, self.inventory
-        target = args.get(TARGET_ARGUMENT)
-        if not isinstance(target, str):
-            rule = "missing" if TARGET_ARGUMENT not in args else "type"
-            raise RequestError(
-                "bad_arguments",
-                f"/{TARGET_ARGUMENT}: a target name is required",
-                {"parameter": TARGET_ARGUMENT, "rule": rule},
-            )
-        call.target = target[:63]
-        if target not in choices:  # one answer for all of them, hint too; the audit keeps which
-            if target in self.access.candidates(op):
-                raise RequestError("target_not_granted", target[:63], _NOT_A_CHOICE)
-            if inventory.exists(target):
-                reason = "fanout_disabled" if inventory.is_group(target) else "target_not_listed"
-                raise RequestError(reason, target[:63], _NOT_A_CHOICE)
-            raise RequestError("unknown_target", target[:63], _NOT_A_CHOICE)
-        hosts = inventory.members(target)
-        if len(hosts) > op.spec.fanout.max_hosts:  # a choice of this caller's: no oracle
-            raise RequestError(
-                "too_many_hosts",
-                f"{target}: {len(hosts)} > {op.spec.fanout.max_hosts}",
-                {"parameter": TARGET_ARGUMENT, "rule": "hosts"},
-            )
-        call.hosts = hosts
-        return {k: v for k, v in args.items() if k != TARGET_ARGUMENT}
 
     def _refuse_drifted(self, op: Operation, host: str) -> None:
         if self.dispatch is not None and (drift := self.dispatch.refusal(op, host)) is not None:
