@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))  # run from a checkout, as `python tests/mcp_fleet.py`
 
-from sshadapter.daemon.service import MAX_TARGET_ENUM, TARGETS_PAGE  # noqa: E402
+from sshadapter.daemon.listing import MAX_TARGET_ENUM, TARGETS_PAGE  # noqa: E402
 from sshadapter.runners.interface import RunResult  # noqa: E402
 
 if TYPE_CHECKING:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import orjson
@@ -176,13 +177,20 @@ def test_many_connections_at_once_then_a_normal_call(tmp_path: Path) -> None:
     with_daemon(tmp_path, body, max_connections=64)
 
 
+def held_until(release: asyncio.Event) -> Callable[[], Awaitable[RunResult]]:
+    """The job's scripted run: its output once ``release`` is set."""
+
+    async def held() -> RunResult:
+        await release.wait()
+        return RunResult(orjson.dumps(JOB_OUT), b"", 0)
+
+    return held
+
+
 def test_overload_answers_at_once(tmp_path: Path) -> None:
     """One slot, no queue: a second concurrent call is OVERLOADED, retryable."""
     release = asyncio.Event()
-
-    async def slow() -> RunResult:
-        await release.wait()
-        return RunResult(orjson.dumps(JOB_OUT), b"", 0)
+    slow = held_until(release)
 
     async def body(d: Running) -> None:
         first = asyncio.create_task(d.ask(CALL))
@@ -446,6 +454,33 @@ def test_stop_drains_in_flight_calls(tmp_path: Path) -> None:
         assert (await pending)["outcome"] == "success"
 
     with_daemon(tmp_path, body, runner=ScriptedRunner({JOB_COMMAND: slow}))
+
+
+def test_stop_logs_stopping_drained_and_stopped_with_the_calls_in_flight(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stopping with one call in flight logs three lines: stopping (1 call), drained, stopped."""
+    release = asyncio.Event()
+    held = held_until(release)
+
+    async def body(d: Running) -> None:
+        pending = asyncio.create_task(d.ask(CALL))
+        while not d.daemon.service.calls:  # the call is in flight
+            await asyncio.sleep(0.01)
+        d.daemon.stop()
+        while d.daemon.state.value != "draining":
+            await asyncio.sleep(0.01)
+        release.set()
+        assert (await pending)["outcome"] == "success"
+
+    with caplog.at_level(logging.INFO, logger="sshadapter.daemon.server"):
+        with_daemon(tmp_path, body, runner=ScriptedRunner({JOB_COMMAND: held}))
+    lines = [r.getMessage() for r in caplog.records if r.name == "sshadapter.daemon.server"]
+    assert lines[-3:] == [
+        "stopping: 1 calls in flight on 1 connections, drain deadline 30s",
+        "drained: 1 calls ended in the drain, 0 cut",
+        "stopped",
+    ]
 
 
 def test_stale_socket_is_replaced_but_a_live_one_is_not(tmp_path: Path) -> None:

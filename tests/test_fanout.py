@@ -559,6 +559,50 @@ def test_check_holds_a_targets_operations_fixtures_to_one_hosts_envelope(tmp_pat
     assert rows and all(row.ok for row in rows), [r for r in rows if not r.ok]
 
 
+def test_the_fan_out_answer_is_sealed_from_each_hosts_line_without_parsing_it(
+    tmp_path: Path,
+) -> None:
+    """The contract seals a fan-out from the hosts' lines, byte for byte their envelopes."""
+    from sshadapter.contract import envelope
+    from sshadapter.contract.evaluate import Verdict, seal_fanout, seal_line
+    from sshadapter.contract.registry import load_registry
+    from sshadapter.errors import UpstreamError, failure_of
+
+    commands, schemas = operator_files(tmp_path)
+    op = load_registry(commands, schemas, hosts=("a", "b"), groups=("fleet",)).operations[
+        "fleet_state"
+    ]
+    rid = envelope.new_request_id()
+    up = seal_line(op, rid, Verdict(data={"state": "up"}))
+    down = seal_line(
+        op,
+        rid,
+        Verdict(failure=failure_of(UpstreamError("connect_refused", retryable=True, ran=False))),
+    )
+    entries = [envelope.host_entry(op.name, rid, "b", down.line)]
+    entries.append(envelope.host_entry(op.name, rid, "a", up.line))
+    counts = {
+        "target": "fleet",
+        "hosts": 2,
+        "succeeded": 1,
+        "failed": 1,
+        "omitted": 0,
+        "failures_by_code": {"UPSTREAM_UNAVAILABLE": 1},
+    }
+    sealed = seal_fanout(op, rid, counts, entries)
+    answer = orjson.loads(sealed.line)
+    assert sealed.line.endswith(b"\n") and op.envelope_validator.is_valid(answer)
+    assert answer["data"]["results"] == [
+        {"host": "b", "outcome": "failure", "error": orjson.loads(down.line)["error"]},
+        {"host": "a", "outcome": "success", "data": {"state": "up"}},
+    ]
+    other = seal_line(op, envelope.new_request_id(), Verdict(data={"state": "up"}))
+    with pytest.raises(ValueError, match="not an envelope line"):  # another call's line: a bug
+        envelope.host_entry(op.name, rid, "a", other.line)
+    with pytest.raises(RuntimeError, match="does not match its schema"):  # the counts too
+        seal_fanout(op, rid, {**counts, "hosts": 0}, entries)
+
+
 def test_a_drifted_host_fails_alone_and_is_not_sent_the_command(tmp_path: Path) -> None:
     """A dispatch host whose policy differs answers policy_drift unsent; the others answer."""
     from sshadapter.dispatch.policy import DIGEST_COMMAND, POLICY_FORMAT

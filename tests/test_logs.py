@@ -222,6 +222,65 @@ def test_serve_under_the_journal_logs_each_refused_call_once_at_warning(
     assert not [line for line in lines if str(ok["request_id"]) in line]
 
 
+def test_a_json_line_carries_the_tool_code_stage_and_reason_as_fields(
+    sshd: Sshd, tmp_path: Path
+) -> None:
+    """format = "json": a failed call's line has tool, code, stage and reason as fields.
+
+    So do a refused call's and a bad request's (no tool there), not only in the message.
+    """
+    config = write_config(tmp_path, sshd)
+    config.write_text(config.read_text() + '\n[logging]\nformat = "json"\n')
+    stderr_path = tmp_path / "stderr"
+    with serving_on_the_journal(config, stderr_path) as serving:
+        socket_path = serving.socket_path
+        refused = call(socket_path, {"op": "call", "tool": "load_average", "args": {"x": 1}})
+        failed = call(
+            socket_path, {"op": "call", "tool": "mount_info", "args": {"target": "/no/such/mount"}}
+        )
+        unknown = call(socket_path, {"op": "call", "tool": "no_such_tool", "args": {}})
+    entries = {}
+    for line in stderr_path.read_text().splitlines():
+        entry = orjson.loads(line[3:])
+        entries[entry.get("request_id")] = entry
+    fields = ("tool", "code", "stage", "reason")
+    assert tuple(entries[refused["request_id"]].get(k) for k in fields) == (
+        "load_average",
+        "INVALID_REQUEST",
+        "request",
+        "bad_arguments",
+    )
+    assert tuple(entries[failed["request_id"]].get(k) for k in fields) == (
+        "mount_info",
+        "NOT_FOUND",
+        "exit",
+        "declared_exit_status",
+    )
+    assert tuple(entries[unknown["request_id"]].get(k) for k in fields) == (
+        None,
+        "INVALID_REQUEST",
+        "request",
+        "unknown_tool",
+    )
+
+
+def test_json_logs_name_the_drain_stopping_drained_and_stopped(sshd: Sshd, tmp_path: Path) -> None:
+    """SIGTERM: the daemon's last lines say stopping, drained and stopped, with counts."""
+    config = write_config(tmp_path, sshd)
+    config.write_text(config.read_text() + '\n[logging]\nformat = "json"\n')
+    stderr_path = tmp_path / "stderr"
+    with serving_on_the_journal(config, stderr_path):
+        pass
+    messages = [orjson.loads(line[3:])["message"] for line in stderr_path.read_text().splitlines()]
+    assert messages[-1] == "stopped"
+    drain = [m for m in messages if m.startswith(("stopping:", "drained:", "stopped"))]
+    assert drain == [
+        "stopping: 0 calls in flight on 0 connections, drain deadline 30s",
+        "drained: 0 calls ended in the drain, 0 cut",
+        "stopped",
+    ]
+
+
 @pytest.mark.parametrize("sender", ["host", "path"])
 def test_a_disconnect_reason_cannot_forge_a_journal_line(tmp_path: Path, sender: str) -> None:
     """A peer's disconnect reason is escaped in its warning: no line of another priority.

@@ -36,10 +36,11 @@ from mcp_harness import (
 )
 from sshd import running_sshd
 
-from sshadapter.mcp.bridge import LIST_CHECK_MIN_SECONDS, Bridge
+from sshadapter.mcp.bridge import Bridge
 from sshadapter.mcp.daemon_link import DaemonLink
 from sshadapter.mcp.protocol import MAX_LINE_BYTES, SUPPORTED_VERSIONS
 from sshadapter.mcp.stdio import END, Item
+from sshadapter.mcp.tool_list import LIST_CHECK_MIN_SECONDS
 from sshadapter.mcp.tools import TARGETS_TOOL
 
 

@@ -40,7 +40,7 @@ from mcp_harness import (
 )
 from sshd import running_sshd
 
-from sshadapter.mcp.bridge import LIST_CHECK_MIN_SECONDS
+from sshadapter.mcp.tool_list import LIST_CHECK_MIN_SECONDS
 from sshadapter.mcp.tools import TARGETS_TOOL
 
 MODES = ["legacy", "auto", "2026-07-28"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import orjson
@@ -171,11 +171,32 @@ def envelope_guard_schema(published: Mapping[str, Any]) -> dict[str, Any]:
 FANOUT_TARGET_PATTERN: Final = "^[a-z][a-z0-9_-]{0,62}$"  # config.TARGET_NAME
 
 
-def host_entry(host: str, sealed: Mapping[str, Any]) -> dict[str, Any]:
-    """One host's entry of a fan-out answer, from that host's own sealed envelope."""
-    if sealed["outcome"] == "success":
-        return {"host": host, "outcome": "success", "data": sealed["data"]}
-    return {"host": host, "outcome": "failure", "error": sealed["error"]}
+def host_entry(tool: str, request_id: str, host: str, line: bytes) -> bytes:
+    """One host's entry of a fan-out answer, cut from that host's own sealed envelope line:
+    the same bytes with `host` in place of `tool` and `request_id`. A host's data is
+    serialized once, when its envelope is sealed, and never parsed again.
+
+    ``line`` is an envelope of this call as ``evaluate.seal_line`` wrote it (its keys in
+    ``success``'s and ``failure``'s order); anything else is a bug, never input.
+    """
+    head = orjson.dumps({"tool": tool, "request_id": request_id})[:-1] + b","
+    if not (line.startswith(head) and line.endswith(b"}\n")):
+        raise ValueError(f"not an envelope line of {request_id}")
+    return b'{"host":' + orjson.dumps(host) + b"," + line[len(head) : -1]
+
+
+def fanout_line(
+    tool: str, request_id: str, counts: Mapping[str, Any], entries: Sequence[bytes]
+) -> bytes:
+    """A fan-out's success envelope as its response line: ``counts`` is its `data` but
+    `results` (``_FANOUT_KEYS`` in order), ``entries`` the hosts shown (``host_entry``)."""
+    head = orjson.dumps(success(tool, request_id, {**counts, "results": []}))
+    if not head.endswith(_NO_RESULTS):  # `results` is data's last key, data the envelope's
+        raise ValueError("fan-out counts out of order")  # a bug
+    return head[: -len(_NO_RESULTS)] + b'"results":[' + b",".join(entries) + b"]}}\n"
+
+
+_NO_RESULTS: Final = b'"results":[]}}'
 
 
 def fanout_schema(

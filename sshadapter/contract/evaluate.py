@@ -9,7 +9,7 @@ nothing is projected before the schema and the semantic checks have passed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -184,6 +184,19 @@ def seal_line(op: Operation, request_id: str, verdict: Verdict) -> Sealed:
         line = memoryview(line).tobytes()
     failed = sealed["outcome"] == "failure"
     return Sealed(sealed["outcome"], sealed["error"]["code"] if failed else None, line)
+
+
+def seal_fanout(
+    op: Operation, request_id: str, counts: Mapping[str, Any], entries: Sequence[bytes]
+) -> Sealed:
+    """A fan-out's answer sealed as one host's is (``seal_line``): checked against the
+    tool's envelope guard, serialized once. ``counts`` is its `data` but `results`;
+    ``entries`` are the hosts shown (``envelope.host_entry``), each checked by the host
+    guard when its own envelope was sealed, so none is parsed or checked again here."""
+    checked = envelope.success(op.name, request_id, {**counts, "results": []})
+    if len(entries) > op.spec.fanout.max_results or not op.envelope_guard.is_valid(checked):
+        raise RuntimeError("fan-out envelope does not match its schema")  # a bug
+    return Sealed("success", None, envelope.fanout_line(op.name, request_id, counts, entries))
 
 
 def sealed_verdict(op: Operation, request_id: str, verdict: Verdict) -> Verdict:

@@ -27,7 +27,7 @@ from sshadapter.daemon.drift import PolicyMonitor
 from sshadapter.daemon.metrics import Metrics
 from sshadapter.daemon.offload import Judge
 from sshadapter.daemon.server import Daemon, load
-from sshadapter.daemon.service import Service, Sleep
+from sshadapter.daemon.service import Service, Sleep, Timing
 from sshadapter.daemon.unix_socket import open_listening_socket, unlink_if_ours
 from sshadapter.errors import ConfigError
 from sshadapter.inventory.fleet import Inventory
@@ -150,20 +150,15 @@ def assemble(
         registry,
         runner,
         audit,
-        default_allow=config.server.allow,
-        max_request_bytes=config.server.max_request_bytes,
-        max_concurrent_calls=config.server.max_concurrent_calls,
-        max_queue=config.server.max_queue,
+        config.server,
         metrics=metrics,
         quarantine=quarantine,
-        clock=clock,
-        sleep=sleep,
         judge=judge,
         dispatch=monitor,
         inventory=loaded.inventory,
         grants=loaded.grants,
-        max_fanout_hosts_in_flight=config.server.max_fanout_hosts_in_flight,
         approvals=config.approvals,
+        timing=Timing(clock, sleep),
     )
     return Daemon(
         config,

@@ -57,6 +57,11 @@ MAX_MESSAGE_CHARS: Final = 16 * 1024
 # The priority of a line written before logging is set up (``early_line``): an error.
 EARLY_PRIORITY: Final = PRIORITIES[logging.ERROR]
 
+# The fields a JSON line carries beside its message when the line has them (``extra=``):
+# the call it is about and, for a refused or failed call, its failure, so that a log
+# store filters on them without parsing messages. Closed lists all (docs/operations.md).
+FIELDS: Final = ("request_id", "tool", "code", "stage", "reason")
+
 # What traceback writes itself, before a frame or between chained exceptions.
 _TRACEBACK_HEADS: Final = ("Traceback (most recent call last):", "\n")
 _ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
@@ -126,7 +131,8 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(TextFormatter):
-    """One JSON object per line: time, level, logger, message, and request_id when known.
+    """One JSON object per line: time, level, logger, message, and each of FIELDS the
+    line has (a call's request id; a failed call's tool, code, stage and reason).
 
     JSON writes the controls as escapes already; the text is escaped all the same, so
     the bidi controls and separators JSON leaves alone do not reach a terminal either.
@@ -141,9 +147,10 @@ class JsonFormatter(TextFormatter):
             "logger": escaped(record.name),
             "message": escaped(record.getMessage()),
         }
-        request_id = getattr(record, "request_id", None)
-        if isinstance(request_id, str):
-            entry["request_id"] = escaped(request_id)
+        for name in FIELDS:
+            value = getattr(record, name, None)
+            if isinstance(value, str):
+                entry[name] = escaped(value)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return orjson.dumps(entry).decode()

@@ -196,6 +196,13 @@ class Daemon:
         """Drain: no new connections or requests; calls already read get their answers."""
         self.state = State.DRAINING
         systemd.notify("STOPPING=1")
+        in_flight = len(self.service.calls)  # running, queued or waiting for approval
+        log.info(
+            "stopping: %d calls in flight on %d connections, drain deadline %gs",
+            in_flight,
+            len(self._connections),
+            self.config.server.drain_timeout_seconds,
+        )
         if self._server is not None:
             self._server.close()  # stop accepting; connections already open keep going
         self.service.end_approvals()  # pending approvals survive nothing: denied, audited
@@ -207,20 +214,24 @@ class Daemon:
             conn.reader.feed_eof()
         deadline = self.config.server.drain_timeout_seconds
         tasks = list(self._connections)
+        cut = 0
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=deadline)
             if late:
-                self._cut(late, deadline)
+                cut = self._cut(late, deadline)
                 _, late = await asyncio.wait(late, timeout=CUT_GRACE_SECONDS)
                 for task in late:  # could not even deliver the INTERNAL answer in time
                     task.cancel()
                 await asyncio.gather(*late, return_exceptions=True)
+        log.info("drained: %d calls ended in the drain, %d cut", in_flight - cut, cut)
         await self.runner.close()
         await self.judge.close()
         self.audit.close()
+        log.info("stopped")
 
-    def _cut(self, late: set[asyncio.Task[None]], deadline: float) -> None:
-        """Past the drain deadline: name the calls still running, then cancel them.
+    def _cut(self, late: set[asyncio.Task[None]], deadline: float) -> int:
+        """Past the drain deadline: name the calls still running, then cancel them; how
+        many were running.
 
         Each cancelled call writes its result record (stage `shutdown`) and answers
         INTERNAL (see Service.cut_on_cancel).
@@ -234,6 +245,7 @@ class Daemon:
         )
         for task in late:
             task.cancel()
+        return len(running)
 
     def reload(self) -> None:
         """SIGHUP: reload operations, groups and grants whole; a bad set keeps the old one.

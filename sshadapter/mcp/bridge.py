@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
@@ -60,22 +59,16 @@ from sshadapter.mcp.protocol import (
 )
 from sshadapter.mcp.stdio import END, TOO_LONG, Item, StdinLines, claim_stdout, write_all
 from sshadapter.mcp.tasks import RELATED_TASK_KEY, TERMINAL, Task, Tasks, task_ttl
+from sshadapter.mcp.tool_list import LIST_CHECK_MIN_SECONDS, LIST_POLL_SECONDS, ToolList
 from sshadapter.mcp.tools import (
     INSTRUCTIONS,
     LIST_TTL_MS,
     SERVER_INFO,
-    TARGET_NAME_PATTERN,
-    TARGETS_ARGUMENTS,
     TARGETS_TOOL,
-    DaemonAnswerError,
     Listing,
     bridge_envelope,
+    call_params,
     call_result,
-    can_name_tool,
-    list_result,
-    listing,
-    targets_failure,
-    targets_page,
 )
 
 log = logging.getLogger("sshadapter.mcp")
@@ -86,11 +79,6 @@ Beyond it a call is answered at once with a bridge-made OVERLOADED envelope."""
 EOF_DRAIN_SECONDS: Final = 10.0
 """At end of input, answers still being made get this long (an operation's default
 timeout); the daemon finishes and audits any call the bridge stops waiting for."""
-LIST_CHECK_MIN_SECONDS: Final = 1.0
-"""After a call, the daemon's `list` digest is compared again at most this often."""
-LIST_POLL_SECONDS: Final = 30.0
-"""Between calls, the digest is compared this often while a client can be told."""
-
 CAPABILITIES: Final = {"tools": {"listChanged": True}}
 TASKS_CAPABILITY: Final[dict[str, Any]] = {
     "list": {},
@@ -109,7 +97,7 @@ class Lines(Protocol):
     def stop(self) -> None: ...
 
 
-class Bridge:
+class Bridge(ToolList):
     """One MCP client on stdio, served against one daemon socket."""
 
     def __init__(
@@ -247,7 +235,7 @@ class Bridge:
                 raise ProtocolError(INVALID_PARAMS, "Invalid params: unknown cursor", id=m.id)
             self._start(m, era, self._list(m.id, era))
         else:
-            name, arguments = _call_params(m)
+            name, arguments = call_params(m)
             if "task" in m.params and era.tasks:
                 self._create_task(m, era, name, arguments)
             elif name == TARGETS_TOOL:
@@ -315,14 +303,6 @@ class Bridge:
             await work
         except Exception as exc:  # not CancelledError: a cancelled request gets no answer
             self._internal_error(request_id, exc)
-
-    async def _list(self, request_id: str | int, era: Era) -> None:
-        try:
-            tools = await self._fetch(notify=False)  # the client is fetching it already
-        except DaemonUnreachable as exc:
-            self.send(self._unreachable_error(request_id, exc))
-            return
-        self.send(result(request_id, list_result(tools, era)))
 
     async def _call(
         self,
@@ -433,50 +413,6 @@ class Bridge:
         meta = {**outcome.get("_meta", {}), RELATED_TASK_KEY: {"taskId": task.task_id}}
         self.send(result(request_id, {**outcome, "_meta": meta}))
 
-    async def _targets(self, request_id: str | int, era: Era, arguments: Mapping[str, Any]) -> None:
-        """TARGETS_TOOL: one page of the daemon's `targets` answer, or a failure envelope.
-
-        Known only while the last list published it (some tool without a `run_on` enum);
-        ``tool`` must be one of those tools, as its input schema says.
-        """
-        try:
-            paged = (self.known or await self._fetch(notify=False)).paged
-            if not paged:  # not published: as unknown as any unlisted name
-                self.send(
-                    ProtocolError(
-                        INVALID_PARAMS, f"Unknown tool: {TARGETS_TOOL}", id=request_id
-                    ).response()
-                )
-                return
-            tool, after = arguments.get("tool"), arguments.get("after")
-            if (
-                arguments.keys() - TARGETS_ARGUMENTS
-                or tool not in paged
-                or not (after is None or (isinstance(after, str) and TARGET_NAME.fullmatch(after)))
-            ):
-                sealed: Mapping[str, Any] = bridge_envelope(TARGETS_TOOL, "INVALID_REQUEST", False)
-                log.info(
-                    "%s %s: arguments outside its input schema", sealed["request_id"], TARGETS_TOOL
-                )
-            else:
-                ask = {"op": "targets", "tool": tool, **({"after": after} if after else {})}
-                answer = await self.daemon.ask(ask)
-                found = targets_page(answer, str(tool)) or targets_failure(answer)
-                if found is None:
-                    raise DaemonUnreachable("response_invalid")
-                sealed = found
-        except DaemonUnreachable as exc:
-            sealed = bridge_envelope(TARGETS_TOOL, "INTERNAL", exc.retryable)
-            log.warning(
-                "%s %s: daemon not reachable at %s (%s): answered INTERNAL, retryable %s",
-                sealed["request_id"],
-                TARGETS_TOOL,
-                self.daemon.socket_path,
-                exc.reason,
-                str(exc.retryable).lower(),
-            )
-        self.send(result(request_id, call_result(sealed, era)))
-
     def _progress(self, token: str | int | None, task: Task | None = None) -> OnProgress | None:
         """The daemon's progress lines for one call, as ``notifications/progress`` for
         ``token``: counts and a fixed message only, each progress above the last
@@ -555,97 +491,11 @@ class Bridge:
             self.subscriptions.pop(target, None)
         # Any other notification needs nothing from a tools-only server.
 
-    # --- list_changed --------------------------------------------------------------------
-
-    async def _fetch(self, *, notify: bool) -> Listing:
-        self._last_check = self._clock()
-        answer = await self.daemon.ask({"op": "list"})
-        try:
-            tools = listing(answer)
-        except DaemonAnswerError as exc:
-            raise DaemonUnreachable("response_invalid") from exc
-        previous, self.known = self.known, tools
-        if notify and previous is not None and tools.digest != previous.digest:
-            self._list_changed()
-        return tools
-
-    def _listening(self) -> bool:
-        return (self.negotiated is not None and self.initialized) or any(
-            self.subscriptions.values()
-        )
-
-    def _check_soon(self) -> None:
-        """After a call: compare the digest in the background, at most once a LIST_CHECK_MIN.
-
-        A check the limit holds back is not dropped but deferred until the limit allows
-        (one timer, however many calls ask), and a call that ends while a check is under
-        way gets another one after it: a reload just after a call is announced within
-        about LIST_CHECK_MIN_SECONDS, not at the next poll.
-        """
-        if self._closing or not self._listening():
-            return
-        if self._checking is not None:
-            self._check_again = True
-            return
-        wait = self._last_check + LIST_CHECK_MIN_SECONDS - self._clock()
-        if wait <= 0:
-            self._checking = asyncio.create_task(self._check())
-        elif self._deferred is None:
-            self._deferred = asyncio.get_running_loop().call_later(wait, self._deferred_check)
-
-    def _deferred_check(self) -> None:
-        self._deferred = None
-        self._check_soon()
-
-    async def _check(self) -> None:
-        try:
-            await self._fetch(notify=True)
-        except DaemonUnreachable:
-            pass  # the next call says so; a poll is no place to report it
-        finally:
-            self._checking = None
-            if self._check_again:
-                self._check_again = False
-                self._check_soon()
-
-    async def _poll(self) -> None:
-        while True:
-            await asyncio.sleep(self._poll_seconds)
-            if self._listening() and self._checking is None:
-                self._checking = asyncio.create_task(self._check())
-
-    def _list_changed(self) -> None:
-        """Tell the client where its era allows: legacy after initialized, modern on a stream."""
-        method = "notifications/tools/list_changed"
-        if self.negotiated is not None and self.initialized:
-            self.send({"jsonrpc": "2.0", "method": method})
-        for subscription, tools in self.subscriptions.items():
-            if tools:
-                self.send(notification(method, {"_meta": {SUBSCRIPTION_ID_KEY: subscription}}))
-
 
 PASSED_ON_CODES: Final = frozenset({"OVERLOADED", "INTERNAL"})
 """Codes of a daemon's own refusal that the bridge passes on under the tool's name."""
-TARGET_NAME: Final = re.compile(TARGET_NAME_PATTERN)
 WAITING_MESSAGES: Final = {"approval": "waiting for approval"}
 """A progress notification's message for each wait a daemon progress line names."""
-
-
-def _call_params(m: Message) -> tuple[str, Mapping[str, Any]]:
-    name = m.params.get("name")
-    if not isinstance(name, str):
-        raise ProtocolError(INVALID_PARAMS, "Invalid params: name must be a string", id=m.id)
-    if name != TARGETS_TOOL and not can_name_tool(
-        name
-    ):  # no list can hold it: never a tool result, even when
-        # the daemon is down or refuses the connection (server/tools.mdx: unknown tool)
-        raise ProtocolError(INVALID_PARAMS, f"Unknown tool: {name}", id=m.id)
-    arguments = m.params.get("arguments")
-    if arguments is None:
-        arguments = {}
-    if not isinstance(arguments, dict):
-        raise ProtocolError(INVALID_PARAMS, "Invalid params: arguments must be an object", id=m.id)
-    return name, arguments
 
 
 def _discover() -> dict[str, Any]:

@@ -24,7 +24,7 @@ from sshadapter.contract.codes import (
     TARGET_ARGUMENT,
     TOOL_NAME_PATTERN,
 )
-from sshadapter.mcp.protocol import SERVER_INFO_KEY, Era
+from sshadapter.mcp.protocol import INVALID_PARAMS, SERVER_INFO_KEY, Era, Message, ProtocolError
 
 # The failure shape of envelope.failure is written out in bridge_envelope rather than
 # imported: sshadapter.contract.envelope pulls in the schema libraries, 130 ms and 17 MB at
@@ -333,3 +333,21 @@ def bridge_envelope(tool: str, code: str, retryable: bool) -> dict[str, Any]:
         "outcome": "failure",
         "error": {"code": code, "retryable": retryable},
     }
+
+
+def call_params(m: Message) -> tuple[str, Mapping[str, Any]]:
+    """A tools/call's tool name and arguments, or ProtocolError (INVALID_PARAMS)."""
+    name = m.params.get("name")
+    if not isinstance(name, str):
+        raise ProtocolError(INVALID_PARAMS, "Invalid params: name must be a string", id=m.id)
+    if name != TARGETS_TOOL and not can_name_tool(
+        name
+    ):  # no list can hold it: never a tool result, even when
+        # the daemon is down or refuses the connection (server/tools.mdx: unknown tool)
+        raise ProtocolError(INVALID_PARAMS, f"Unknown tool: {name}", id=m.id)
+    arguments = m.params.get("arguments")
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        raise ProtocolError(INVALID_PARAMS, "Invalid params: arguments must be an object", id=m.id)
+    return name, arguments

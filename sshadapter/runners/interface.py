@@ -12,8 +12,8 @@ tasks it starts): a runner then logs a failure to reach the host at debug level 
 because the fan-out (or the warming) logs one line with the counts of all its hosts (a
 fan-out host's reason is in the audit). 1,000 unreachable hosts log one line, not 1,000.
 A connect one call starts and others wait for is logged as its starter's: a single call
-that waited for a fan-out's connect still has its own failure line (service
-``_log_failure``)."""
+that waited for a fan-out's connect still has its own failure line (verdicts
+``log_failure``)."""
 
 
 @dataclass(frozen=True, slots=True)

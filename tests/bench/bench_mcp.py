@@ -63,7 +63,9 @@ def serve_scripted(workdir: Path) -> None:
     from sshadapter.sections import Allow
 
     config = Config(
-        server=ServerSection(socket_path=workdir / "sshadapter.sock"),
+        server=ServerSection(
+            socket_path=workdir / "sshadapter.sock", allow=Allow(uids=(os.getuid(),))
+        ),
         paths=PathsSection(commands=ROOT / "commands", schemas=ROOT / "schemas"),
         audit=AuditSection(path=workdir / "audit.jsonl", fsync="never"),
     )
@@ -71,15 +73,7 @@ def serve_scripted(workdir: Path) -> None:
     audit = AuditLog(config.audit.path, fsync="never")
     audit.open()
     runner = ScriptedRunner({"cat /proc/loadavg": RunResult(LOADAVG, b"", 0)})
-    service = Service(
-        registry,
-        runner,
-        audit,
-        default_allow=Allow(uids=(os.getuid(),)),
-        max_request_bytes=config.server.max_request_bytes,
-        max_concurrent_calls=config.server.max_concurrent_calls,
-        max_queue=config.server.max_queue,
-    )
+    service = Service(registry, runner, audit, config.server)
     daemon = Daemon(config, service, runner, audit)
     asyncio.run(daemon.serve(bind_socket(config.server.socket_path, 0o600, "")))
 
