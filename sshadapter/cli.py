@@ -818,50 +818,18 @@ def _load_with_path(
     args: argparse.Namespace, *, also_dispatch: str = ""
 ) -> tuple[Path | None, Config, Registry, dict[str, dict[str, Any]]]:
     """The configuration file used (None: built-in defaults), it, its registry, and the
-    policy of each dispatch host: what `serve` would load, and refuse, from the same files.
-
-    ``also_dispatch``: a host alias whose policy is wanted before it is marked `dispatch`
-    (a group's name adds nothing: its policy is built apart, ``policy.group_policy``).
-    """
-    from sshadapter.catalog import read_catalog
+    policy of each dispatch host: what `serve` would load, and refuse, from the same files
+    (``sshadapter.daemon.server.load``, the one loader)."""
     from sshadapter.config import DEFAULT_CONFIG_PATH, load_config
-    from sshadapter.contract.registry import load_registry
-    from sshadapter.dispatch import policy
-    from sshadapter.inventory import load_inventory
+    from sshadapter.daemon.server import load
 
     path = args.config
     if path is None and DEFAULT_CONFIG_PATH.is_file():
         path = DEFAULT_CONFIG_PATH
     config, _ = load_config(path)
-    inventory = load_inventory(config)
-    # Without a config file there are no [hosts] to check host aliases against.
-    hosts = config.hosts.keys() if path is not None else None
-    if inventory.is_group(also_dispatch):
-        also_dispatch = ""
-    if also_dispatch and also_dispatch not in config.hosts:
-        raise ConfigError(
-            str(path or "<defaults>"), f"hosts.{also_dispatch}", "no such host alias or group"
-        )
-    dispatch_hosts = policy.dispatch_hosts(config) | ({also_dispatch} if also_dispatch else set())
-    registry = load_registry(
-        config.paths.commands,
-        config.paths.schemas,
-        hosts=hosts,
-        dispatch_hosts=dispatch_hosts,
-        groups=inventory.groups.keys(),
-        dispatch_groups=policy.dispatch_groups(config, inventory),
-        catalog=read_catalog(config.catalog, str(path or "<defaults>")),
-    )
-    if path is not None:
-        from sshadapter.daemon.server import check_grants
-
-        check_grants(config, inventory, registry)
-    return path, config, registry, policy.host_policies(registry, inventory)
-
-
-def _load_for_check(args: argparse.Namespace) -> tuple[Path | None, Registry]:
-    path, _, registry, _ = _load_with_path(args)
-    return path, registry
+    where = str(path or "<defaults>")
+    loaded = load(config, where, aliases_known=path is not None, also_dispatch=also_dispatch)
+    return path, config, loaded.registry, loaded.policies
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
