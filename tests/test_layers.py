@@ -58,7 +58,8 @@ MCP_ALLOWED = frozenset(
         "sshadapter.contract.codes",
     }
 )
-PARTS = frozenset({*ALLOWED, "mcp"})
+# The command line is a part of its own: it may import every part, and none imports it.
+PARTS = frozenset({*ALLOWED, "mcp", "cli"})
 # The pure engine runs in evaluation workers and offline checks: no event loop, no network,
 # no processes.
 CONTRACT_FORBIDDEN = frozenset(
@@ -100,7 +101,7 @@ def part(name: str) -> str:
 
 def allowed(source: str, target: str) -> bool:
     mine = part(source)
-    if mine in {"sshadapter.cli", "sshadapter.demo"}:  # the only modules that print and exit
+    if mine in {"cli", "sshadapter.demo"}:  # the only modules that print and exit
         return True
     if target in LEAVES:
         return mine != "mcp" or target in MCP_ALLOWED

@@ -1167,7 +1167,3 @@ def write_json(document: Any) -> None:
 def registry_dir(registry: Registry) -> str:
     first = next(iter(registry.operations.values()), None)
     return str(first.file.parent) if first else "the commands directory"
-
-
-if __name__ == "__main__":
-    sys.exit(main())
