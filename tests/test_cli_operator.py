@@ -297,3 +297,36 @@ def test_call_shows_a_string_fields_control_characters_as_json_escapes(
     assert status == 0 and all(line.isprintable() for line in out.splitlines())
     assert "\\u202e" in out and "\\udb40\\udc41" in out
     assert orjson.loads(out)["data"]["log_tail"] == hostile  # the same JSON value
+
+
+def test_call_list_and_approvals_find_the_socket_by_config_or_environment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--config FILE reads its [server] socket_path; $SSHADAPTER_SERVER__SOCKET_PATH is the
+    default; --socket and --config together are a usage error."""
+    seen: dict[str, tuple[int, str, str]] = {}
+
+    async def body(d: Running) -> None:
+        config = tmp_path / "client.toml"
+        config.write_text(f'[server]\nsocket_path = "{d.path}"\n')
+        for name, argv in {
+            "list": ("list", "--config", str(config)),
+            "call": ("call", "job_run_status", "project_id=bluebird", "--config", str(config)),
+            "approvals": ("approvals", "list", "--config", str(config)),
+        }.items():
+            seen[name] = await asyncio.to_thread(run, capsys, *argv)
+        monkeypatch.setenv("SSHADAPTER_SERVER__SOCKET_PATH", str(d.path))
+        seen["environment"] = await asyncio.to_thread(run, capsys, "list")
+
+    runner = ScriptedRunner({JOB_COMMAND: RunResult(orjson.dumps(JOB_OUT), b"", 0)})
+    with_daemon(tmp_path, body, runner=runner, approvals=ApprovalsSection(uids=(os.getuid(),)))
+    tools = {tool["name"] for tool in orjson.loads(seen["list"][1])["tools"]}
+    assert seen["list"][0] == 0 and "job_run_status" in tools
+    assert seen["environment"] == seen["list"]
+    status, out, _ = seen["call"]
+    assert status == 0 and orjson.loads(out)["outcome"] == "success"
+    assert seen["approvals"] == (0, "no call waits for approval\n", "")
+    with pytest.raises(SystemExit) as usage:
+        main(["list", "--socket", "a.sock", "--config", "b.toml"])
+    assert usage.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err

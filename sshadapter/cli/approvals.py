@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from sshadapter import client
-from sshadapter.cli.common import EXIT_FAILED, EXIT_OK, add_socket
+from sshadapter.cli.common import EXIT_FAILED, EXIT_OK, add_socket, socket_of
 from sshadapter.shown import shown
 
 
@@ -79,7 +79,7 @@ def _show_pending(entry: dict[str, Any]) -> None:
 
 
 def list_pending(args: argparse.Namespace) -> int:
-    pending = _pending(args.socket)
+    pending = _pending(socket_of(args))
     if pending is None:
         return EXIT_FAILED
     for entry in pending:
@@ -90,7 +90,8 @@ def list_pending(args: argparse.Namespace) -> int:
 
 
 def decide(args: argparse.Namespace) -> int:
-    pending = _pending(args.socket)
+    socket = socket_of(args)
+    pending = _pending(socket)
     if pending is None:
         return EXIT_FAILED
     entry = next((e for e in pending if e.get("request_id") == args.request_id), None)
@@ -102,7 +103,7 @@ def decide(args: argparse.Namespace) -> int:
     if args.verb == "approve":
         message["digest"] = args.digest or entry["digest"]
     try:
-        answer = client.request(args.socket, message)
+        answer = client.request(socket, message)
     except client.ClientError as exc:
         print(f"sshadapter: {exc}", file=sys.stderr)
         return EXIT_FAILED

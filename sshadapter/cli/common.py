@@ -4,9 +4,10 @@ one loader's answer for a command, and JSON on a terminal."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
@@ -19,6 +20,10 @@ if TYPE_CHECKING:
     from sshadapter.daemon.server import Loaded
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# The variable that sets the daemon's [server] socket_path (config.py's environment
+# overrides) is the clients' default too: one export points `serve` and its callers at the
+# same socket, and no second name for one path can disagree with the first.
+SOCKET_VARIABLE: Final = "SSHADAPTER_SERVER__SOCKET_PATH"
 
 
 def add_config(parser: argparse.ArgumentParser) -> None:
@@ -34,12 +39,32 @@ def add_config(parser: argparse.ArgumentParser) -> None:
 
 
 def add_socket(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    """--socket PATH, or --config FILE to take its [server] socket_path (``socket_of``)."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
         "--socket",
         type=Path,
-        default=client.DEFAULT_SOCKET,
-        help=f"the daemon's socket (default {client.DEFAULT_SOCKET})",
+        default=None,
+        help=f"the daemon's socket (default ${SOCKET_VARIABLE}, else {client.DEFAULT_SOCKET})",
     )
+    where.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="the daemon's config file: its [server] socket_path is the socket",
+    )
+
+
+def socket_of(args: argparse.Namespace) -> Path:
+    """The socket of --socket, else of --config's [server] socket_path, else of
+    $SSHADAPTER_SERVER__SOCKET_PATH, else the default one."""
+    if args.socket is not None:
+        return Path(args.socket)
+    if args.config is not None:
+        from sshadapter.config import load_config
+
+        return load_config(args.config)[0].server.socket_path
+    return Path(os.environ.get(SOCKET_VARIABLE) or client.DEFAULT_SOCKET)
 
 
 def config_path(args: argparse.Namespace) -> Path | None:

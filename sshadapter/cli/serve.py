@@ -16,9 +16,11 @@ from sshadapter.cli.common import (
     add_config,
     add_socket,
     config_path,
+    socket_of,
     write_json,
 )
 from sshadapter.daemon import logs
+from sshadapter.errors import ConfigError
 
 MCP_HELP = "serve MCP on stdio (for an agent host), forwarding each call to the daemon"
 
@@ -67,6 +69,9 @@ def mcp_main(words: list[str]) -> int:
     add_socket(parser)
     try:
         return mcp(parser.parse_args(words))
+    except ConfigError as exc:  # --config: its socket_path
+        print(logs.early_line(f"sshadapter: {exc}"), file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
 
@@ -98,7 +103,7 @@ def mcp(args: argparse.Namespace) -> int:
 
     # stderr only: stdout carries nothing but protocol lines (sshadapter.mcp.stdio).
     logs.configure_warnings("sshadapter mcp: %(levelname)s %(message)s")
-    return asyncio.run(run_bridge(args.socket))
+    return asyncio.run(run_bridge(socket_of(args)))
 
 
 def call(args: argparse.Namespace) -> int:
@@ -109,13 +114,13 @@ def call(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     return _print_response(
         {"op": "call", "tool": args.tool, "args": call_args},
-        args.socket,
+        socket_of(args),
         ok=lambda r: r.get("outcome") == "success",
     )
 
 
 def list_tools(args: argparse.Namespace) -> int:
-    return _print_response({"op": "list"}, args.socket, ok=lambda r: "tools" in r)
+    return _print_response({"op": "list"}, socket_of(args), ok=lambda r: "tools" in r)
 
 
 def _print_response(message: dict[str, object], socket_path: Path, ok: Any) -> int:
