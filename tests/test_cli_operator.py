@@ -63,6 +63,46 @@ def test_inventory_json_gives_the_groups_and_one_targets_hosts(
     }
 
 
+def test_inventory_show_of_a_host_gives_where_and_how_it_is_reached(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`inventory show HOST` prints its address, port, user, labels, via and groups."""
+    config = str(write(tmp_path))
+    status, out, _ = run(capsys, "inventory", "show", "web1", "--config", config)
+    assert status == 0
+    assert out.splitlines() == [
+        "web1",
+        "  address  10.0.0.1",
+        "  port     2222",
+        "  user     sshadapter",
+        "  labels   dc=fra1, env=prod, role=web",
+        "  via      -",
+        "  groups   all, prod, web",
+        f"# 1 host(s), {host_set_digest(('web1',))}",
+    ]
+    status, out, _ = run(capsys, "inventory", "show", "web1", "--json", "--config", config)
+    assert orjson.loads(out)["host"] == {
+        "address": "10.0.0.1",
+        "port": 2222,
+        "user": "sshadapter",
+        "labels": {"dc": "fra1", "env": "prod", "role": "web"},
+        "via": "",
+        "groups": ["all", "prod", "web"],
+    }
+
+
+def test_inventory_show_of_a_host_escapes_its_address(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An address with an ESC sequence and a bidi override reaches the screen escaped."""
+    hostile = '[hosts.odd]\naddress = "h\\u001b[2J\\u202eost"\nvia = "local"\n'
+    config = str(write(tmp_path, odd=hostile))
+    status, out, _ = run(capsys, "inventory", "show", "odd", "--config", config)
+    assert status == 0 and out.isascii() and all(c.isprintable() for c in out.splitlines())
+    assert "  address  h\\x1b[2J\\u202eost" in out.splitlines()
+    assert "  via      local" in out.splitlines()
+
+
 def test_inventory_show_of_an_unknown_name_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from sshadapter.cli.common import (
     EXIT_FAILED,
@@ -19,6 +19,9 @@ from sshadapter.cli.common import (
     write_json,
 )
 from sshadapter.shown import shown
+
+if TYPE_CHECKING:
+    from sshadapter.inventory import Inventory
 
 # `grants explain` of a uid without a passwd entry: its primary group is unknown, and no
 # gid a group name resolves to is negative, so this one matches no `groups` of a grant.
@@ -33,7 +36,8 @@ def add(sub: Any) -> None:
         help="list the groups (or one target's resolved hosts) with their digests",
         description="Without TARGET: every group with its size and digest, and the number "
         "of hosts. With TARGET (a group or a host alias): its hosts, sorted, one per line, "
-        "then its digest (the audit's hosts_sha256).",
+        "then its digest (the audit's hosts_sha256); for a host alias, its address, port, "
+        "user, labels, via (jump host) and groups between them.",
     )
     add_config(show)
     show.add_argument("target", nargs="?", metavar="TARGET", default="")
@@ -129,12 +133,17 @@ def inventory_show(args: argparse.Namespace) -> int:
             print(f"sshadapter: {args.target!r} is no host alias and no group", file=sys.stderr)
             return EXIT_USAGE
         members = inventory.members(args.target)
+        host = _host_facts(inventory, args.target) if args.target in inventory.hosts else None
         if args.json:
-            answer = {"target": args.target, "hosts": list(members)}
+            answer: dict[str, Any] = {"target": args.target, "hosts": list(members)}
             answer["hosts_sha256"] = host_set_digest(members)
+            if host is not None:
+                answer["host"] = host
             write_json(answer)
         else:
             print("\n".join(members))
+            for key, value in (host or {}).items():
+                print(f"  {key:<8} {_shown_fact(value)}")
             print(f"# {len(members)} host(s), {host_set_digest(members)}")
         return EXIT_OK
     groups = {
@@ -151,6 +160,30 @@ def inventory_show(args: argparse.Namespace) -> int:
         print(f"{name:<{width}}  {row['hosts']:>5}  {row['hosts_sha256']}")
     print(f"{len(inventory.hosts)} host(s), {len(groups)} group(s)")
     return EXIT_OK
+
+
+def _host_facts(inventory: Inventory, alias: str) -> dict[str, Any]:
+    """What a host alias stands for: where the daemon connects, as whom, through which jump
+    host, with which labels, and the groups it is a member of."""
+    host = inventory.hosts[alias]
+    return {
+        "address": host.address,
+        "port": host.port,
+        "user": host.user,
+        "labels": dict(sorted(host.labels.items())),
+        "via": host.via,
+        "groups": sorted(name for name, members in inventory.groups.items() if alias in members),
+    }
+
+
+def _shown_fact(value: Any) -> str:
+    """One fact of ``_host_facts`` on one line, escaped: a file's text (an address, a label)
+    reaches the terminal through ``shown`` only; nothing is cut."""
+    if isinstance(value, dict):
+        value = ", ".join(f"{key}={item}" for key, item in value.items())
+    elif isinstance(value, list):
+        value = ", ".join(value)
+    return shown(value, None) if value != "" else "-"
 
 
 def inventory_import(args: argparse.Namespace) -> int:
