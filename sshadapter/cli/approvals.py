@@ -10,7 +10,15 @@ from typing import Any
 import orjson
 
 from sshadapter import client
-from sshadapter.cli.common import EXIT_FAILED, EXIT_OK, add_socket, socket_of
+from sshadapter.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_socket,
+    socket_of,
+    write_json,
+)
+from sshadapter.client import MAX_APPROVAL_NOTE_CHARS
 from sshadapter.shown import shown
 
 
@@ -27,6 +35,9 @@ def add(sub: Any) -> None:
         dest="approvals_command", metavar="COMMAND", required=True
     )
     list_ = approvals_sub.add_parser("list", help="every pending call, in full")
+    list_.add_argument(
+        "--json", action="store_true", help='print the daemon\'s answer, {"approvals": [...]}'
+    )
     add_socket(list_)
     list_.set_defaults(handler=list_pending)
     for verb, text in (("approve", "run"), ("deny", "refuse")):
@@ -34,6 +45,13 @@ def add(sub: Any) -> None:
             verb, help=f"show one pending call in full, then {text} it (this call only)"
         )
         decide_.add_argument("request_id", metavar="REQUEST_ID")
+        decide_.add_argument(
+            "--reason",
+            default="",
+            metavar="TEXT",
+            help=f"why (at most {MAX_APPROVAL_NOTE_CHARS} characters): kept in the audit "
+            "record of the decision",
+        )
         if verb == "approve":
             decide_.add_argument(
                 "--digest",
@@ -82,6 +100,9 @@ def list_pending(args: argparse.Namespace) -> int:
     pending = _pending(socket_of(args))
     if pending is None:
         return EXIT_FAILED
+    if args.json:
+        write_json({"approvals": pending})
+        return EXIT_OK
     for entry in pending:
         _show_pending(entry)
     if not pending:
@@ -90,6 +111,13 @@ def list_pending(args: argparse.Namespace) -> int:
 
 
 def decide(args: argparse.Namespace) -> int:
+    if len(args.reason) > MAX_APPROVAL_NOTE_CHARS:
+        print(
+            f"sshadapter: --reason: {len(args.reason)} characters, at most "
+            f"{MAX_APPROVAL_NOTE_CHARS}: nothing was sent",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     socket = socket_of(args)
     pending = _pending(socket)
     if pending is None:
@@ -102,6 +130,8 @@ def decide(args: argparse.Namespace) -> int:
     message: dict[str, Any] = {"op": args.verb, "request_id": args.request_id}
     if args.verb == "approve":
         message["digest"] = args.digest or entry["digest"]
+    if args.reason:
+        message["note"] = args.reason
     try:
         answer = client.request(socket, message)
     except client.ClientError as exc:

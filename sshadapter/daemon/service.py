@@ -28,7 +28,7 @@ from typing import Any, Final
 
 import orjson
 
-from sshadapter.client import PROGRESS_VERSION
+from sshadapter.client import MAX_APPROVAL_NOTE_CHARS, PROGRESS_VERSION
 from sshadapter.config import DEFAULT_MAX_FANOUT_HOSTS_IN_FLIGHT, Allow, ApprovalsSection, Grant
 from sshadapter.contract import envelope
 from sshadapter.contract.codes import SYSTEM_TOOL, TARGET_ARGUMENT
@@ -70,8 +70,8 @@ _REQUEST_KEYS: Final = {
     "targets": {"op", "tool", "after"},
     # approvers only (approvals.APPROVER_OPS); anyone else: `unknown_op`
     "approvals": {"op"},
-    "approve": {"op", "request_id", "digest"},
-    "deny": {"op", "request_id"},
+    "approve": {"op", "request_id", "digest", "note"},
+    "deny": {"op", "request_id", "note"},
 }
 _REQUEST_ID: Final = re.compile(r"req\.[0-9a-f]{20}")
 _DIGEST: Final = re.compile(r"[0-9a-f]{64}")
@@ -101,6 +101,8 @@ class Request:
     """`approve` and `deny`: the pending call's request id."""
     digest: str = ""
     """`approve`: the sha256 of the command the approver was shown."""
+    note: str = ""
+    """`approve` and `deny`: the approver's reason, for the decision's audit record."""
     progress: bool = False
     """`call`: the caller asked for progress lines before the answer."""
 
@@ -141,11 +143,14 @@ def receive(line: bytes, max_bytes: int, approver: bool = False) -> Request:
         return Request(op)
     if op in ("approve", "deny"):
         request_id, digest = value.get("request_id"), value.get("digest", "")
+        note = value.get("note", "")
         if not isinstance(request_id, str) or not _REQUEST_ID.fullmatch(request_id):
+            raise RequestError("malformed_call")
+        if not isinstance(note, str) or len(note) > MAX_APPROVAL_NOTE_CHARS:
             raise RequestError("malformed_call")
         if op == "approve" and not (isinstance(digest, str) and _DIGEST.fullmatch(digest)):
             raise RequestError("malformed_call")
-        return Request(op, request_id=request_id, digest=digest)
+        return Request(op, request_id=request_id, digest=digest, note=note)
     if op == "targets":
         tool, after = value.get("tool"), value.get("after", "")
         if not isinstance(tool, str) or not isinstance(after, str) or len(after) > 63:
@@ -272,7 +277,8 @@ class Service:
                 return _line(self.approvals.listing())
             if request.op in ("approve", "deny"):
                 digest = request.digest if request.op == "approve" else None
-                return _line(await self.approvals.decide(peer, request.request_id, digest))
+                decided = self.approvals.decide(peer, request.request_id, digest, request.note)
+                return _line(await decided)
             op = self.registry.get(request.tool)
             if op is None:
                 raise RequestError("unknown_tool")
