@@ -21,7 +21,6 @@ from daemon_harness import ROOT, Running, shipped_commands, with_daemon
 from mcp import Client, StdioServerParameters
 from mcp_harness import RawBridge, bridge_argv, raw_bridge
 
-from sshadapter.cli import main as cli_main
 from sshadapter.client import MAX_APPROVAL_NOTE_CHARS
 from sshadapter.config import ApprovalsSection, Config, GroupSection, HostSection, PathsSection
 from sshadapter.contract.commandfile import MAX_APPROVAL_TIMEOUT_SECONDS
@@ -844,27 +843,6 @@ def test_approval_needs_an_approver_and_a_bounded_timeout(tmp_path: Path) -> Non
     approval_commands(tmp_path, timeout=MAX_APPROVAL_TIMEOUT_SECONDS + 1)
     with pytest.raises(ConfigError, match=r"approval\.timeout_seconds"):
         load(config.model_copy(update={"approvals": ApprovalsSection(uids=(APPROVER,))}))
-
-
-@pytest.mark.parametrize("command", [("check",), ("schema", TOOL), ("policy", "ci")])
-def test_every_command_refuses_an_approval_without_an_approver_as_serve_does(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: tuple[str, ...]
-) -> None:
-    """The command line loads as the daemon: no approver is one line naming file and key."""
-    commands = approval_commands(tmp_path)
-    config = tmp_path / "config.toml"
-    host = f'address = "127.0.0.1"\nuser = "nobody"\nknown_hosts = "{tmp_path / "known_hosts"}"\n'
-    config.write_text(
-        f'[paths]\ncommands = "{commands}"\nschemas = "{ROOT / "schemas"}"\n'
-        f"[hosts.ci]\n{host}dispatch = true\n[hosts.local]\n{host}"
-    )
-    status = cli_main([*command, "--config", str(config)])
-    out, err = capsys.readouterr()
-    assert (status, out) == (2, "")
-    assert (
-        err == f"sshadapter: {commands / 'job_rerun.toml'}: approval.required: no approver: "
-        "[approvals] names no uid and no group\n"
-    )
 
 
 def test_the_mcp_bridge_sends_no_approver_request() -> None:

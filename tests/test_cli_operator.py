@@ -9,7 +9,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from daemon_harness import JOB_COMMAND, JOB_OUT, Running, shipped_commands, with_daemon
+from daemon_harness import JOB_COMMAND, JOB_OUT, ROOT, Running, shipped_commands, with_daemon
+from test_approvals import TOOL, approval_commands
 from test_audit import other_account
 from test_inventory import HEAD, write
 
@@ -370,3 +371,24 @@ def test_call_list_and_approvals_find_the_socket_by_config_or_environment(
         main(["list", "--socket", "a.sock", "--config", "b.toml"])
     assert usage.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [("check",), ("schema", TOOL), ("policy", "ci")])
+def test_every_command_refuses_an_approval_without_an_approver_as_serve_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: tuple[str, ...]
+) -> None:
+    """The command line loads as the daemon: no approver is one line naming file and key."""
+    commands = approval_commands(tmp_path)
+    config = tmp_path / "config.toml"
+    host = f'address = "127.0.0.1"\nuser = "nobody"\nknown_hosts = "{tmp_path / "known_hosts"}"\n'
+    config.write_text(
+        f'[paths]\ncommands = "{commands}"\nschemas = "{ROOT / "schemas"}"\n'
+        f"[hosts.ci]\n{host}dispatch = true\n[hosts.local]\n{host}"
+    )
+    status = main([*command, "--config", str(config)])
+    out, err = capsys.readouterr()
+    assert (status, out) == (2, "")
+    assert (
+        err == f"sshadapter: {commands / 'job_rerun.toml'}: approval.required: no approver: "
+        "[approvals] names no uid and no group\n"
+    )
