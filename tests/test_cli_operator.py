@@ -373,7 +373,10 @@ def test_call_list_and_approvals_find_the_socket_by_config_or_environment(
     assert "not allowed with argument" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", [("check",), ("schema", TOOL), ("policy", "ci")])
+@pytest.mark.parametrize(
+    "command",
+    [("check",), ("schema", TOOL), ("inventory",), ("grants", "explain", "0", TOOL, "ci")],
+)
 def test_every_command_refuses_an_approval_without_an_approver_as_serve_does(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: tuple[str, ...]
 ) -> None:
@@ -383,7 +386,7 @@ def test_every_command_refuses_an_approval_without_an_approver_as_serve_does(
     host = f'address = "127.0.0.1"\nuser = "nobody"\nknown_hosts = "{tmp_path / "known_hosts"}"\n'
     config.write_text(
         f'[paths]\ncommands = "{commands}"\nschemas = "{ROOT / "schemas"}"\n'
-        f"[hosts.ci]\n{host}dispatch = true\n[hosts.local]\n{host}"
+        f"[hosts.ci]\n{host}[hosts.local]\n{host}"
     )
     status = main([*command, "--config", str(config)])
     out, err = capsys.readouterr()
