@@ -343,8 +343,7 @@ def test_call_shows_a_string_fields_control_characters_as_json_escapes(
 def test_call_list_and_approvals_find_the_socket_by_config_or_environment(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """--config FILE reads its [server] socket_path; $SSHADAPTER_SERVER__SOCKET_PATH is the
-    default; --socket and --config together are a usage error."""
+    """--config FILE gives the socket_path, the environment the default; both flags: usage."""
     seen: dict[str, tuple[int, str, str]] = {}
 
     async def body(d: Running) -> None:
