@@ -22,6 +22,10 @@ PROGRESS_VERSION: Final = 1
 """The value of a `call` request's ``progress`` key (docs/protocol.md "Progress"): the
 only shape of progress lines there is. Another value is a malformed call, so that a
 later shape is never mistaken for this one."""
+MAX_APPROVAL_NOTE_CHARS: Final = 200
+"""An `approve` or `deny` request's ``note`` (`approvals ... --reason`), kept in the
+decision's audit record: a sentence saying why, not a document; longer is a malformed
+request."""
 
 
 class ClientError(Exception):

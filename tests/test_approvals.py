@@ -22,6 +22,7 @@ from mcp import Client, StdioServerParameters
 from mcp_harness import RawBridge, bridge_argv, raw_bridge
 
 from sshadapter.audit.verify import verify
+from sshadapter.client import MAX_APPROVAL_NOTE_CHARS
 from sshadapter.config import ApprovalsSection, Config, GroupSection, HostSection, PathsSection
 from sshadapter.contract.commandfile import MAX_APPROVAL_TIMEOUT_SECONDS
 from sshadapter.daemon.server import load
@@ -421,6 +422,49 @@ def test_the_cli_lists_and_approves_as_an_approver(tmp_path: Path, socket_dir: P
         )
         assert status == 0 and out.endswith("approved\n") and COMMAND in out
         assert (await call)["outcome"] == "success"
+
+    run(tmp_path, socket_dir, body)
+
+
+def test_the_cli_lists_as_json_and_keeps_the_approvers_reason_in_the_audit(
+    tmp_path: Path, socket_dir: Path
+) -> None:
+    """`approvals list --json` is the daemon's listing; `deny --reason` is kept, shown escaped."""
+    reason = "freeze until Monday \x1b[2J\u202e"
+    shown_as = "freeze until Monday \\x1b[2J\\u202e"
+
+    async def body(running: Running) -> None:
+        socket = ("--socket", str(running.path))
+        call = asyncio.create_task(running.ask(CALL))
+        [entry] = await pending(running)
+        status, out, _ = await cli_as(APPROVER, "approvals", "list", "--json", *socket)
+        assert status == 0
+        assert [e["request_id"] for e in orjson.loads(out)["approvals"]] == [entry["request_id"]]
+        too_long = ("--reason", "x" * (MAX_APPROVAL_NOTE_CHARS + 1))
+        status, out, err = await cli_as(
+            APPROVER, "approvals", "deny", entry["request_id"], *too_long, *socket
+        )
+        assert (status, out) == (2, "") and err.count("\n") == 1 and "--reason" in err
+        assert await pending(running)  # nothing was sent: the call still waits
+        for note in ("x" * (MAX_APPROVAL_NOTE_CHARS + 1), 7):  # the daemon bounds it too
+            answer = await ask_as(APPROVER, running, {**deny(entry["request_id"]), "note": note})
+            assert answer["error"]["code"] == "INVALID_REQUEST"
+        status, out, _ = await cli_as(
+            APPROVER, "approvals", "deny", entry["request_id"], "--reason", reason, *socket
+        )
+        assert status == 0 and out.endswith("denied\n")
+        assert (await call)["error"]["code"] == "DENIED"
+        [denied] = [r for r in approval_records(running) if r["event"] == "denied"]
+        assert denied["note"] == reason
+        schema = orjson.loads((ROOT / "docs" / "audit-records.schema.json").read_bytes())
+        note_schema = schema["$defs"]["approval"]["properties"]["note"]
+        assert note_schema["maxLength"] == MAX_APPROVAL_NOTE_CHARS
+        check_schema(running.audit_records())
+        status, out, _ = await cli_as(
+            ME, "audit", "show", entry["request_id"], str(running.audit_path)
+        )
+        assert status == 0 and f"    note: {shown_as}" in out.splitlines()
+        assert all(line.isprintable() for line in out.splitlines())
 
     run(tmp_path, socket_dir, body)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import orjson
 import pytest
-from daemon_harness import JOB_COMMAND, JOB_OUT, Running, shipped_commands, with_daemon
+from daemon_harness import JOB_COMMAND, JOB_OUT, ROOT, Running, shipped_commands, with_daemon
+from test_approvals import TOOL, approval_commands
 from test_audit import other_account
 from test_inventory import HEAD, write
 
@@ -61,6 +62,46 @@ def test_inventory_json_gives_the_groups_and_one_targets_hosts(
         "hosts": ["web1", "web2"],
         "hosts_sha256": host_set_digest(("web1", "web2")),
     }
+
+
+def test_inventory_show_of_a_host_gives_where_and_how_it_is_reached(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`inventory show HOST` prints its address, port, user, labels, via and groups."""
+    config = str(write(tmp_path))
+    status, out, _ = run(capsys, "inventory", "show", "web1", "--config", config)
+    assert status == 0
+    assert out.splitlines() == [
+        "web1",
+        "  address  10.0.0.1",
+        "  port     2222",
+        "  user     sshadapter",
+        "  labels   dc=fra1, env=prod, role=web",
+        "  via      -",
+        "  groups   all, prod, web",
+        f"# 1 host(s), {host_set_digest(('web1',))}",
+    ]
+    status, out, _ = run(capsys, "inventory", "show", "web1", "--json", "--config", config)
+    assert orjson.loads(out)["host"] == {
+        "address": "10.0.0.1",
+        "port": 2222,
+        "user": "sshadapter",
+        "labels": {"dc": "fra1", "env": "prod", "role": "web"},
+        "via": "",
+        "groups": ["all", "prod", "web"],
+    }
+
+
+def test_inventory_show_of_a_host_escapes_its_address(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An address with an ESC sequence and a bidi override reaches the screen escaped."""
+    hostile = '[hosts.odd]\naddress = "h\\u001b[2J\\u202eost"\nvia = "local"\n'
+    config = str(write(tmp_path, odd=hostile))
+    status, out, _ = run(capsys, "inventory", "show", "odd", "--config", config)
+    assert status == 0 and out.isascii() and all(c.isprintable() for c in out.splitlines())
+    assert "  address  h\\x1b[2J\\u202eost" in out.splitlines()
+    assert "  via      local" in out.splitlines()
 
 
 def test_inventory_show_of_an_unknown_name_is_one_line(
@@ -297,3 +338,59 @@ def test_call_shows_a_string_fields_control_characters_as_json_escapes(
     assert status == 0 and all(line.isprintable() for line in out.splitlines())
     assert "\\u202e" in out and "\\udb40\\udc41" in out
     assert orjson.loads(out)["data"]["log_tail"] == hostile  # the same JSON value
+
+
+def test_call_list_and_approvals_find_the_socket_by_config_or_environment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--config FILE gives the socket_path, the environment the default; both flags: usage."""
+    seen: dict[str, tuple[int, str, str]] = {}
+
+    async def body(d: Running) -> None:
+        config = tmp_path / "client.toml"
+        config.write_text(f'[server]\nsocket_path = "{d.path}"\n')
+        for name, argv in {
+            "list": ("list", "--config", str(config)),
+            "call": ("call", "job_run_status", "project_id=bluebird", "--config", str(config)),
+            "approvals": ("approvals", "list", "--config", str(config)),
+        }.items():
+            seen[name] = await asyncio.to_thread(run, capsys, *argv)
+        monkeypatch.setenv("SSHADAPTER_SERVER__SOCKET_PATH", str(d.path))
+        seen["environment"] = await asyncio.to_thread(run, capsys, "list")
+
+    runner = ScriptedRunner({JOB_COMMAND: RunResult(orjson.dumps(JOB_OUT), b"", 0)})
+    with_daemon(tmp_path, body, runner=runner, approvals=ApprovalsSection(uids=(os.getuid(),)))
+    tools = {tool["name"] for tool in orjson.loads(seen["list"][1])["tools"]}
+    assert seen["list"][0] == 0 and "job_run_status" in tools
+    assert seen["environment"] == seen["list"]
+    status, out, _ = seen["call"]
+    assert status == 0 and orjson.loads(out)["outcome"] == "success"
+    assert seen["approvals"] == (0, "no call waits for approval\n", "")
+    with pytest.raises(SystemExit) as usage:
+        main(["list", "--socket", "a.sock", "--config", "b.toml"])
+    assert usage.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("check",), ("schema", TOOL), ("inventory",), ("grants", "explain", "0", TOOL, "ci")],
+)
+def test_every_command_refuses_an_approval_without_an_approver_as_serve_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: tuple[str, ...]
+) -> None:
+    """The command line loads as the daemon: no approver is one line naming file and key."""
+    commands = approval_commands(tmp_path)
+    config = tmp_path / "config.toml"
+    host = f'address = "127.0.0.1"\nuser = "nobody"\nknown_hosts = "{tmp_path / "known_hosts"}"\n'
+    config.write_text(
+        f'[paths]\ncommands = "{commands}"\nschemas = "{ROOT / "schemas"}"\n'
+        f"[hosts.ci]\n{host}[hosts.local]\n{host}"
+    )
+    status = main([*command, "--config", str(config)])
+    out, err = capsys.readouterr()
+    assert (status, out) == (2, "")
+    assert (
+        err == f"sshadapter: {commands / 'job_rerun.toml'}: approval.required: no approver: "
+        "[approvals] names no uid and no group\n"
+    )

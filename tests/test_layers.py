@@ -65,9 +65,10 @@ MCP_ALLOWED = frozenset(
         "sshadapter.contract.codes",
     }
 )
-PARTS = frozenset({*ALLOWED, "mcp"})
+# The command line is a part of its own: it may import every part, and none imports it.
+PARTS = frozenset({*ALLOWED, "mcp", "cli"})
 # The command line and its demo (with the demo's hosts): the only modules that print and exit.
-PRINTING = frozenset({"sshadapter.cli", "sshadapter.demo", "sshadapter.demo_hosts"})
+PRINTING = frozenset({"cli", "sshadapter.demo", "sshadapter.demo_hosts"})
 # The pure engine runs in evaluation workers and offline checks: no event loop, no network,
 # no processes.
 CONTRACT_FORBIDDEN = frozenset(

@@ -106,6 +106,8 @@ def format_call(request_id: str, found: Sequence[tuple[str, Mapping[str, Any]]])
             for key in ("digest", "expires", "reason"):
                 if key in record:
                     lines.append(f"{INDENT}{key}: {text(record.get(key))}")
+            if "note" in record:  # the approver's own words: never cut
+                lines.append(f"{INDENT}note: {text(record.get('note'), LONG_SHOWN_CHARS)}")
         elif kind == "intent":
             lines.append(f"{head} attempt {text(record.get('attempt'))}  ({where})")
             lines.append(f"{INDENT}caller: {_who(record.get('caller'))}, {_where(record)}")

@@ -12,17 +12,20 @@ review before widening.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
 import orjson
 
-from sshadapter.check.fixtures import fixture_dir
+from sshadapter.bounded_read import read_with_mode
+from sshadapter.check.fixtures import MAX_RECORDED_BYTES, fixture_dir
 from sshadapter.contract.codes import CODES
 from sshadapter.contract.evaluate import evaluate
 from sshadapter.contract.registry import Operation
@@ -34,6 +37,8 @@ CASE_NAME: Final = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")  # a file stem anyone
 # Fixtures are reviewed and committed beside the command file: readable by all at most,
 # and no more than the file they were copied from.
 FILE_MODE: Final = 0o644
+# A quarantined file's name as the daemon writes it: nothing else is opened there.
+QUARANTINE_NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 
 
 class RecordError(Exception):
@@ -160,3 +165,89 @@ def write_case(
     mode = FILE_MODE & source_mode
     with TargetDirectory.open(directory, key="fixtures", create=True) as target:
         return [target.create(name, data, mode) for name, data in files.items()]
+
+
+@dataclass(frozen=True)
+class Found:
+    """What `record` learnt of one output: its tool, bytes, and the call around it."""
+
+    tool: str
+    command: str | None
+    stdout: bytes
+    stderr: bytes
+    exit_status: int
+    time: str | None
+    decided: dict[str, Any] | None
+    mode: int
+    """The permission bits of the files read: the case gets no more."""
+
+
+def quarantined(
+    request_id: str, results: Sequence[Mapping[str, Any]], quarantine_dir: Path, host: str | None
+) -> Found:
+    """The last quarantined attempt of a call (of ``host``, for a fan-out), its bytes read
+    back from ``quarantine_dir`` and checked against the sha256 its result record holds.
+
+    ``results``: the call's result records, the audit chain verified (last one counts).
+    The quarantine is the daemon account's directory: a file there is read only if it is
+    a regular file itself, never through a link that account could have planted."""
+    result = results[-1]
+    rows: list[tuple[str | None, Mapping[str, Any]]] = []
+    if isinstance(result.get("host_results"), list):
+        for row in result["host_results"]:
+            if isinstance(row, dict) and (host is None or row.get("host") == host):
+                rows.append((str(row.get("host")), row))
+    else:
+        rows.append((None, result))
+    kept = [
+        (where, row, attempt)
+        for where, row in rows
+        for attempt in _list(row.get("attempts"))
+        if isinstance(attempt, dict) and isinstance(attempt.get("quarantine"), dict)
+    ]
+    if not kept:
+        raise RecordError(
+            f"{request_id} has no quarantined output" + (f" on {host}" if host else "")
+        )
+    if len({where for where, _, _ in kept}) > 1:
+        raise RecordError("outputs of several hosts were quarantined: choose one with --host")
+    _, row, attempt = kept[-1]
+    streams: dict[str, bytes] = {}
+    mode = 0o777
+    for stream in ("stdout", "stderr"):
+        name = attempt["quarantine"].get(stream)
+        if not isinstance(name, str) or not QUARANTINE_NAME.fullmatch(name):
+            raise RecordError(f"{request_id}: its {stream} was not kept in the quarantine")
+        path = quarantine_dir / name
+        if not os.path.lexists(path):
+            raise RecordError(
+                f"{path} is no longer in the quarantine (removed past quarantine_max_bytes, "
+                "or by hand): record it with --tool and --stdout from a new capture"
+            )
+        data, file_mode = read_with_mode(path, MAX_RECORDED_BYTES, follow=False)
+        mode &= file_mode
+        if hashlib.sha256(data).hexdigest() != attempt.get(f"{stream}_sha256"):
+            raise RecordError(f"{path}: not the bytes its result record names (sha256 differs)")
+        streams[stream] = data
+    found = attempt.get("verdict")
+    verdict: dict[str, Any] = found if isinstance(found, dict) else {}
+    decided = {"outcome": "failure", "code": "INVALID_RESPONSE"}  # what quarantine keeps
+    decided.update({k: verdict[k] for k in ("stage", "reason") if isinstance(verdict.get(k), str)})
+    status = attempt.get("exit_status")
+    command = result.get("command")
+    time = result.get("time")
+    return Found(
+        str(result.get("tool")),
+        command if isinstance(command, str) else "",
+        streams["stdout"],
+        streams["stderr"],
+        status if isinstance(status, int) else 0,
+        time if isinstance(time, str) else None,
+        decided,
+        mode,
+    )
+
+
+def _list(value: Any) -> list[Any]:
+    """An untrusted record's array, or none."""
+    return value if isinstance(value, list) else []

@@ -165,9 +165,12 @@ class Approvals:
         """The `approvals` answer: every pending call, oldest first."""
         return {"approvals": [pending.entry() for pending in self.pending.values()]}
 
-    async def decide(self, peer: Peer, request_id: str, digest: str | None) -> dict[str, Any]:
+    async def decide(
+        self, peer: Peer, request_id: str, digest: str | None, note: str = ""
+    ) -> dict[str, Any]:
         """`approve` (``digest`` given: it must be the pending command's) or `deny` (None),
-        by the approver ``peer``; the decision is durable before the call learns it."""
+        by the approver ``peer``, ``note`` its reason (none if empty); the decision is
+        durable before the call learns it."""
         pending = self.pending.get(request_id)
         refusal = None
         if pending is None:
@@ -183,7 +186,8 @@ class Approvals:
         outcome = "denied" if digest is None else "approved"
         approval = Approval(peer, pending.digest) if digest is not None else None
         try:
-            await self.audit.append(self._record(pending, outcome, approver=peer))
+            record = self._record(pending, outcome, approver=peer)
+            await self.audit.append({**record, "note": note} if note else record)
         except AuditError as exc:
             pending.decided.set_exception(exc)  # the call does not run: INTERNAL
             self.metrics.audit_failures.inc()

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from sshadapter.client import PROGRESS_VERSION
+from sshadapter.client import MAX_APPROVAL_NOTE_CHARS, PROGRESS_VERSION
 from sshadapter.daemon.approvals import APPROVER_OPS
 from sshadapter.errors import RequestError
 from sshadapter.strict_json import StrictJSONError, strict_loads
@@ -25,8 +25,8 @@ _REQUEST_KEYS: Final = {
     "targets": {"op", "tool", "after"},
     # approvers only (approvals.APPROVER_OPS); anyone else: `unknown_op`
     "approvals": {"op"},
-    "approve": {"op", "request_id", "digest"},
-    "deny": {"op", "request_id"},
+    "approve": {"op", "request_id", "digest", "note"},
+    "deny": {"op", "request_id", "note"},
 }
 _REQUEST_ID: Final = re.compile(r"req\.[0-9a-f]{20}")
 _DIGEST: Final = re.compile(r"[0-9a-f]{64}")
@@ -43,6 +43,8 @@ class Request:
     """`approve` and `deny`: the pending call's request id."""
     digest: str = ""
     """`approve`: the sha256 of the command the approver was shown."""
+    note: str = ""
+    """`approve` and `deny`: the approver's reason, for the decision's audit record."""
     progress: bool = False
     """`call`: the caller asked for progress lines before the answer."""
 
@@ -67,7 +69,10 @@ def receive(line: bytes, max_bytes: int, approver: bool = False) -> Request:
             raise RequestError("malformed_call")
         if op == "approve" and not (isinstance(digest, str) and _DIGEST.fullmatch(digest)):
             raise RequestError("malformed_call")
-        return Request(op, request_id=request_id, digest=digest)
+        note = value.get("note", "")
+        if not isinstance(note, str) or len(note) > MAX_APPROVAL_NOTE_CHARS:
+            raise RequestError("malformed_call")
+        return Request(op, request_id=request_id, digest=digest, note=note)
     if op == "targets":
         tool, after = value.get("tool"), value.get("after", "")
         if not isinstance(tool, str) or not isinstance(after, str) or len(after) > 63:

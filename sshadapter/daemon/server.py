@@ -483,17 +483,35 @@ class Loaded:
     grants: tuple[Grant, ...]
 
 
-def load(config: Config, config_file: str = "<config>") -> Loaded:
+def load(
+    config: Config,
+    config_file: str = "<config>",
+    *,
+    aliases_known: bool = True,
+    also_dispatch: str = "",
+) -> Loaded:
     """The configuration's inventory, registry (its commands and the catalog families it
     enables), each dispatch host's policy and the grants, or ConfigError (``config_file``
-    names the configuration): all or nothing, at start and at every reload."""
+    names the configuration): all or nothing, at start, at every reload and for every
+    command of the command line, so each refuses what `serve` refuses.
+
+    ``aliases_known`` false: the built-in defaults of a command run without a
+    configuration file, which has no [hosts] to check the operations' host aliases against.
+    ``also_dispatch``: a host alias whose policy is wanted before it is marked `dispatch`
+    (a group's name adds nothing: its policy is built apart, ``policy.group_policy``).
+    """
     inventory = load_inventory(config)
+    if inventory.is_group(also_dispatch):
+        also_dispatch = ""
+    if also_dispatch and also_dispatch not in config.hosts:
+        raise ConfigError(config_file, f"hosts.{also_dispatch}", "no such host alias or group")
+    dispatch_hosts = policy.dispatch_hosts(config) | ({also_dispatch} if also_dispatch else set())
     registry = load_registry(
         config.paths.commands,
         config.paths.schemas,
-        hosts=config.hosts.keys(),
+        hosts=config.hosts.keys() if aliases_known else None,
         groups=inventory.groups.keys(),
-        dispatch_hosts=policy.dispatch_hosts(config),
+        dispatch_hosts=dispatch_hosts,
         dispatch_groups=policy.dispatch_groups(config, inventory),
         catalog=read_catalog(config.catalog, config_file),
     )

@@ -183,7 +183,8 @@ class Service:
                 return _line(self.approvals.listing())
             if request.op in ("approve", "deny"):
                 digest = request.digest if request.op == "approve" else None
-                return _line(await self.approvals.decide(peer, request.request_id, digest))
+                decided = self.approvals.decide(peer, request.request_id, digest, request.note)
+                return _line(await decided)
             op = self.registry.get(request.tool)
             if op is None:
                 raise RequestError("unknown_tool")

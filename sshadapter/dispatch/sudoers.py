@@ -34,9 +34,13 @@ from typing import TYPE_CHECKING, Final
 
 from sshadapter import __version__
 from sshadapter.contract.run_as import RootCommand
+from sshadapter.dispatch import policy
+from sshadapter.errors import ConfigError
 
 if TYPE_CHECKING:
-    from sshadapter.contract.registry import Operation
+    from sshadapter.config import Config
+    from sshadapter.contract.registry import Operation, Registry
+    from sshadapter.inventory.fleet import Inventory
 
 SUDO: Final = "/usr/bin/sudo"
 VISUDO: Final = "/usr/sbin/visudo"
@@ -119,6 +123,49 @@ def rules(operations: Iterable[Operation], account: str, target: str) -> list[Ru
         for op in sorted(operations, key=lambda op: op.name)
         if op.root is not None
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What one drop-in serves: a dispatch host alias, or a group whose dispatch members
+    run the same operations and log in as one account."""
+
+    account: str
+    rules: tuple[Rule, ...]
+    policy_digest: str
+    """The digest of the policy the target installs (its group policy, for a group)."""
+
+
+def target_of(
+    name: str,
+    config: Config,
+    registry: Registry,
+    inventory: Inventory,
+    policies: dict[str, dict[str, object]],
+    where: str,
+) -> Target:
+    """The drop-in's account, rules and policy digest for host alias or group ``name``, or
+    ConfigError (``where`` names the configuration): it has no dispatch host, or its
+    members log in as several accounts (one drop-in serves one)."""
+    if inventory.is_group(name):
+        document = policy.group_policy(name, registry, inventory)
+        members = [m for m in inventory.members(name) if m in policies]
+    else:
+        document = policies.get(name, {})
+        members = [name] if name in policies else []
+    if not members:
+        raise ConfigError(where, f"hosts.{name}", "no dispatch host of that name or group")
+    accounts = sorted({config.hosts[m].user for m in members})
+    if len(accounts) > 1:
+        raise ConfigError(
+            where,
+            f"groups.{name}",
+            f"members log in as {', '.join(accounts)}: one drop-in serves one account",
+        )
+    account = accounts[0]
+    placed = policy.operations_by_host(registry.operations.values(), members[:1], inventory)
+    found = rules(placed[members[0]], account, name)
+    return Target(account, tuple(found), str(document["digest"]))
 
 
 def drop_in(target: str, account: str, found: Sequence[Rule], policy_digest: str) -> str:
