@@ -14,6 +14,7 @@ fail when CI is set.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -22,7 +23,7 @@ import shutil
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -458,6 +459,18 @@ class TaskDriver:
         self.steps: list[dict[str, Any]] = []
 
     @classmethod
+    @contextlib.asynccontextmanager
+    async def running(
+        cls, node: str, home: Path, socket_path: Path, cancel: bool
+    ) -> AsyncIterator[TaskDriver]:
+        """The client driving one task call, gone at the end even if the test failed."""
+        driver = await cls.start(node, home, socket_path, cancel)
+        try:
+            yield driver
+        finally:
+            await driver.close()
+
+    @classmethod
     async def start(cls, node: str, home: Path, socket_path: Path, cancel: bool) -> TaskDriver:
         spec = {
             "command": bridge_argv(socket_path),
@@ -486,6 +499,19 @@ class TaskDriver:
                 if self.steps[-1]["step"] == step:
                     return self.steps[-1]
         raise AssertionError(f"no {step!r} step: {self.steps}")
+
+    async def until_status(self, message: str) -> dict[str, Any]:
+        """Read the stream's tasks/get polls until one says ``message`` (a poll may come
+        before the call reached that state)."""
+        while (polled := await self.until("status"))["task"].get("statusMessage") != message:
+            pass
+        return polled
+
+    async def close(self) -> None:
+        """The client gone whatever happened: killed if still running, its pipes closed."""
+        if self.process.returncode is None:
+            self.process.kill()
+        await self.process.wait()
 
     async def finish(self) -> dict[str, dict[str, Any]]:
         """The remaining steps, once the client exits 0; every step by name (the last)."""
@@ -518,31 +544,32 @@ def test_the_official_task_client_runs_an_approved_fan_out_as_a_task(
     """
 
     async def body(running: Running) -> None:
-        driver = await TaskDriver.start(node, tmp_path, running.path, cancel=False)
-        connected = await driver.until("connected")
-        assert "call" in connected["capabilities"]["tasks"]["requests"]["tools"]
-        task = (await driver.until("created"))["task"]
-        assert (task["status"], task["ttl"]) == ("working", MIN_TASK_TTL_MS)
-        [entry] = await pending(running)
-        waiting = await driver.until("status")  # the stream's first tasks/get
-        assert waiting["task"]["statusMessage"] == "waiting for approval"
-        status, out, _ = await cli_as(
-            APPROVER, "approvals", "approve", entry["request_id"], "--socket", str(running.path)
-        )
-        assert status == 0, out
-        steps = await driver.finish()
-        result = steps["result"]["result"]
-        envelope = result["structuredContent"]  # validated by the SDK against outputSchema
-        assert envelope["outcome"] == "success" and envelope["request_id"] == entry["request_id"]
-        assert envelope["data"]["succeeded"] == 2
-        related = {"io.modelcontextprotocol/related-task": {"taskId": task["taskId"]}}
-        assert result["_meta"] == related
-        assert steps["get"]["task"]["status"] == "completed"
-        assert steps["again"]["result"] == result
-        assert [t["taskId"] for t in steps["list"]["tasks"]] == [task["taskId"]]
-        heard = progress_of(driver)
-        assert heard[0] == (0, None, "waiting for approval") and heard[-1] == (2, 2, None)
-        assert verify([running.audit_path]).ok
+        async with TaskDriver.running(node, tmp_path, running.path, cancel=False) as driver:
+            connected = await driver.until("connected")
+            assert "call" in connected["capabilities"]["tasks"]["requests"]["tools"]
+            task = (await driver.until("created"))["task"]
+            assert (task["status"], task["ttl"]) == ("working", MIN_TASK_TTL_MS)
+            [entry] = await pending(running)
+            await driver.until_status("waiting for approval")
+            status, out, _ = await cli_as(
+                APPROVER, "approvals", "approve", entry["request_id"], "--socket", str(running.path)
+            )
+            assert status == 0, out
+            steps = await driver.finish()
+            result = steps["result"]["result"]
+            envelope = result["structuredContent"]  # validated by the SDK against outputSchema
+            assert (
+                envelope["outcome"] == "success" and envelope["request_id"] == entry["request_id"]
+            )
+            assert envelope["data"]["succeeded"] == 2
+            related = {"io.modelcontextprotocol/related-task": {"taskId": task["taskId"]}}
+            assert result["_meta"] == related
+            assert steps["get"]["task"]["status"] == "completed"
+            assert steps["again"]["result"] == result
+            assert [t["taskId"] for t in steps["list"]["tasks"]] == [task["taskId"]]
+            heard = progress_of(driver)
+            assert heard[0] == (0, None, "waiting for approval") and heard[-1] == (2, 2, None)
+            assert verify([running.audit_path]).ok
 
     with approver_reachable_dir() as socket_dir:
         run(tmp_path, socket_dir, body, fleet=True)
@@ -559,22 +586,22 @@ def test_the_official_task_client_cancels_a_task_waiting_for_approval(
     """
 
     async def body(running: Running) -> None:
-        driver = await TaskDriver.start(node, tmp_path, running.path, cancel=True)
-        task = (await driver.until("created"))["task"]
-        [entry] = await pending(running)
-        assert driver.process.stdin is not None
-        driver.process.stdin.write(b"cancel\n")
-        assert (await driver.until("cancelled"))["answer"]["status"] == "cancelled"
-        assert await pending(running, 0) == []
-        [end] = await ended(running)
-        assert (end["request_id"], end["reason"]) == (entry["request_id"], "approval_cancelled")
-        assert approval_records(running)[-1]["reason"] == "caller_gone"
-        steps = await driver.finish()
-        assert steps["end"]["error"]["message"].endswith(f"Task {task['taskId']} was cancelled")
-        assert steps["get"]["task"]["status"] == "cancelled"
-        assert steps["after"]["error"]["code"] == -32602  # a cancelled task has no result
-        assert not [r for r in running.audit_records() if r["type"] == "intent"]
-        assert verify([running.audit_path]).ok
+        async with TaskDriver.running(node, tmp_path, running.path, cancel=True) as driver:
+            task = (await driver.until("created"))["task"]
+            [entry] = await pending(running)
+            assert driver.process.stdin is not None
+            driver.process.stdin.write(b"cancel\n")
+            assert (await driver.until("cancelled"))["answer"]["status"] == "cancelled"
+            assert await pending(running, 0) == []
+            [end] = await ended(running)
+            assert (end["request_id"], end["reason"]) == (entry["request_id"], "approval_cancelled")
+            assert approval_records(running)[-1]["reason"] == "caller_gone"
+            steps = await driver.finish()
+            assert steps["end"]["error"]["message"].endswith(f"Task {task['taskId']} was cancelled")
+            assert steps["get"]["task"]["status"] == "cancelled"
+            assert steps["after"]["error"]["code"] == -32602  # a cancelled task has no result
+            assert not [r for r in running.audit_records() if r["type"] == "intent"]
+            assert verify([running.audit_path]).ok
 
     with approver_reachable_dir() as socket_dir:
         run(tmp_path, socket_dir, body, fleet=True)
