@@ -262,3 +262,41 @@ def test_no_source_names_anything_outside_the_tree() -> None:
             if not beside and ("/" in name or name not in basenames):
                 wrong.append(f"{path.relative_to(ROOT)}: {name}")
     assert wrong == []
+
+
+# A file or a part the drawing names: "runners/interface.py", "catalog/__init__.py", "daemon/".
+DRAWN_NAME = re.compile(r"(?:\w+/)*\w+\.py|\w+/")
+
+
+def drawn_name(token: str) -> str:
+    """``contract`` for a part drawn as contract/, the module name for a file."""
+    if token.endswith("/"):
+        return token.rstrip("/")
+    return module_name(PACKAGE / token)
+
+
+def drawing() -> dict[str, set[str]]:
+    """CONTRIBUTING's drawing of the tree: each row's key and the names it lists."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    block = text.split("The drawing of the tree", 1)[1].split("```text\n", 1)[1]
+    rows: dict[str, set[str]] = {}
+    key = ""
+    for line in block.split("```", 1)[0].splitlines()[1:]:
+        if not line.startswith("   "):  # a new row: its key, then its names
+            key, _, line = line.strip().partition(" ")
+            rows[key] = set()
+        rows[key] |= {drawn_name(token) for token in DRAWN_NAME.findall(line)}
+    return rows
+
+
+def test_contributing_draws_the_rule_this_test_enforces() -> None:
+    """CONTRIBUTING's drawing lists the leaves, parts, edges, bridge and printers enforced here."""
+    rows = drawing()
+    assert rows.pop("leaves") == set(LEAVES)
+    assert rows.pop("mcp/") == set(MCP_ALLOWED)
+    assert rows.pop("cli/") == PRINTING - {"cli"}
+    assert rows.pop("unimported") == set(HOST_PROGRAMS)
+    assert {key.rstrip("/"): names for key, names in rows.items()} == ALLOWED
+    drawn = {key.rstrip("/") for key in drawing() if key.endswith("/")}
+    assert drawn == PARTS
+    assert all((PACKAGE / name / "__init__.py").is_file() for name in drawn)
