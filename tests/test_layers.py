@@ -54,7 +54,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "daemon": frozenset({"contract", "runners", "dispatch", "audit", "inventory"}),
 }
 # The bridge starts once per agent session: the socket client, the strict parser and the
-# contract's import-free names only (tests/test_mcp_tools.py pins the libraries it loads).
+# contract's import-free names only (tests/mcp/test_mcp_tools.py pins the libraries it loads).
 MCP_ALLOWED = frozenset(
     {
         "sshadapter",
