@@ -17,8 +17,8 @@ SENTENCE_END = re.compile(r"[.?!]\s+[A-Z]")
 
 
 def source_files() -> list[Path]:
-    """The Python files of tests/ and tests/bench/ (not the npm clients' node_modules)."""
-    return sorted([*TESTS.glob("*.py"), *TESTS.glob("bench/*.py")])
+    """The Python files of tests/ and of its folders (parts, support/, bench/; not node_modules)."""
+    return sorted([*TESTS.glob("*.py"), *TESTS.glob("*/*.py")])
 
 
 def summary_problem(doc: str | None) -> str | None:

@@ -8,6 +8,7 @@ circle mypy and a reader see is a circle even when Python never runs it.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -54,7 +55,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "daemon": frozenset({"contract", "runners", "dispatch", "audit", "inventory"}),
 }
 # The bridge starts once per agent session: the socket client, the strict parser and the
-# contract's import-free names only (tests/test_mcp_tools.py pins the libraries it loads).
+# contract's import-free names only (tests/mcp/test_mcp_tools.py pins the libraries it loads).
 MCP_ALLOWED = frozenset(
     {
         "sshadapter",
@@ -159,6 +160,16 @@ LOADS_FORBIDDEN: dict[str, frozenset[str]] = {
 }
 
 
+# Under ./scripts/test, coverage's subprocess patch starts a measurement in every Python child
+# it finds these variables in, and the measurement loads multiprocessing itself: the child that
+# reports what a module loads runs unmeasured.
+UNMEASURED = {
+    key: value
+    for key, value in os.environ.items()
+    if key not in {"COVERAGE_PROCESS_CONFIG", "COVERAGE_PROCESS_START"}
+}
+
+
 @pytest.mark.parametrize("name", sorted(LOADS_FORBIDDEN))
 def test_what_a_module_loads_keeps_its_promise(name: str) -> None:
     """Imported alone in a fresh interpreter, the module loads none of its forbidden modules.
@@ -171,7 +182,12 @@ def test_what_a_module_loads_keeps_its_promise(name: str) -> None:
         "print(' '.join(sorted({m.split('.')[0] for m in sys.modules} - before)))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env=UNMEASURED,
     )
     assert sorted(LOADS_FORBIDDEN[name] & set(done.stdout.split())) == []
 
@@ -266,3 +282,41 @@ def test_no_source_names_anything_outside_the_tree() -> None:
             if not beside and ("/" in name or name not in basenames):
                 wrong.append(f"{path.relative_to(ROOT)}: {name}")
     assert wrong == []
+
+
+# A file or a part the drawing names: "runners/interface.py", "catalog/__init__.py", "daemon/".
+DRAWN_NAME = re.compile(r"(?:\w+/)*\w+\.py|\w+/")
+
+
+def drawn_name(token: str) -> str:
+    """``contract`` for a part drawn as contract/, the module name for a file."""
+    if token.endswith("/"):
+        return token.rstrip("/")
+    return module_name(PACKAGE / token)
+
+
+def drawing() -> dict[str, set[str]]:
+    """CONTRIBUTING's drawing of the tree: each row's key and the names it lists."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    block = text.split("The drawing of the tree", 1)[1].split("```text\n", 1)[1]
+    rows: dict[str, set[str]] = {}
+    key = ""
+    for line in block.split("```", 1)[0].splitlines()[1:]:
+        if not line.startswith("   "):  # a new row: its key, then its names
+            key, _, line = line.strip().partition(" ")
+            rows[key] = set()
+        rows[key] |= {drawn_name(token) for token in DRAWN_NAME.findall(line)}
+    return rows
+
+
+def test_contributing_draws_the_rule_this_test_enforces() -> None:
+    """CONTRIBUTING's drawing lists the leaves, parts, edges, bridge and printers enforced here."""
+    rows = drawing()
+    assert rows.pop("leaves") == set(LEAVES)
+    assert rows.pop("mcp/") == set(MCP_ALLOWED)
+    assert rows.pop("cli/") == PRINTING - {"cli"}
+    assert rows.pop("unimported") == set(HOST_PROGRAMS)
+    assert {key.rstrip("/"): names for key, names in rows.items()} == ALLOWED
+    drawn = {key.rstrip("/") for key in drawing() if key.endswith("/")}
+    assert drawn == PARTS
+    assert all((PACKAGE / name / "__init__.py").is_file() for name in drawn)

@@ -10,7 +10,7 @@ instead; test_systemd_units.py runs the install commands offline.
 
 One substitution table maps the guide's world onto the test's: a temporary
 directory for /etc/sshadapter, /var/lib/sshadapter and /var/log/sshadapter, the
-test sshd (tests/sshd.py) for ci.internal.example and its host key file (and
+test sshd (tests/support/sshd.py) for ci.internal.example and its host key file (and
 for the fleet's web1 and web2 too: one sshd plays the three hosts), this
 test's uid for the agent's. The daemon is started the way the units start it:
 the unit's ``ExecStart=`` with the socket ``sshadapter.socket`` describes
@@ -88,9 +88,9 @@ PINNED: dict[str, str] = {
     ),
     "id -u agent": "here: the test's uid replaces 1001 in allow",
     "useradd --system --create-home --shell /bin/sh sshadapter": (
-        "tests/sshd.py creates its login account with these options"
+        "tests/support/sshd.py creates its login account with these options"
     ),
-    "usermod -p '*' sshadapter": "tests/sshd.py unlocks its login account the same way",
+    "usermod -p '*' sshadapter": "tests/support/sshd.py unlocks its login account the same way",
     "install -d -m 0755 ~sshadapter/.ssh": (
         "here: the test sshd reads AuthorizedKeysFile from its workdir instead"
     ),
@@ -115,9 +115,9 @@ PINNED: dict[str, str] = {
         "here: each test sshd starts with the guide's drop-ins Included (sshd checks them)"
     ),
     "useradd --system --create-home --shell /bin/sh jump": (
-        "here: the bastion sshd logs in tests/sshd.py's account, created with these options"
+        "here: the bastion sshd logs in tests/support/sshd.py's account, created with these options"
     ),
-    "usermod -p '*' jump": "tests/sshd.py unlocks its login account the same way",
+    "usermod -p '*' jump": "tests/support/sshd.py unlocks its login account the same way",
     "install -d -m 0755 ~jump/.ssh": (
         "here: the bastion sshd reads AuthorizedKeysFile from its workdir instead"
     ),
@@ -883,7 +883,7 @@ def reach_behind_a_bastion(walk: Walkthrough, config: Path, fleet_drop_in: Path)
         bastion_drop_in = walk.write(bastion_conf)
         walk.write("/etc/sshadapter/inventory.d/dc2.toml")
         walk.run("bastion-policy")
-        # web3 shares ci's installed policy (tests/sshd.py: one policy path for the run).
+        # web3 shares ci's installed policy (tests/support/sshd.py: one policy path for the run).
         assert sorted(json.loads((walk.work / "web3.policy.json").read_text())["operations"]) == [
             "kernel_release"
         ]

@@ -1,7 +1,7 @@
 """Start pacing: starts go at the pacer's rate, and the rate follows the loop's lag (AIMD).
 
 The clock and the sleep are injected, so each test is exact: no loop timing is measured.
-The pacer as the daemon uses it, over a real fleet, is in tests/test_ssh_fleet.py.
+The pacer as the daemon uses it, over a real fleet, is in tests/runners/test_ssh_fleet.py.
 """
 
 from __future__ import annotations

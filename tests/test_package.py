@@ -32,7 +32,7 @@ from sshadapter.shipped import SHIPPED_DIRECTORIES, SHIPPED_FILES
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_TIMEOUT_SECONDS: Final = 300.0  # an isolated build env: setuptools from pip's cache, ~5 s
 INSTALL_TIMEOUT_SECONDS: Final = 300.0  # a venv and the dependencies from pip's cache, ~10 s
-DEMO_TIMEOUT_SECONDS: Final = 120.0  # the demo takes a few seconds (tests/test_demo.py)
+DEMO_TIMEOUT_SECONDS: Final = 120.0  # the demo takes a few seconds (tests/cli/test_demo.py)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Reference: docs/protocol.md "Error codes". Import-free on purpose: the
 envelope, the registry and the MCP bridge share this one definition, and the
 bridge (which starts once per agent session) must not load what the rest of
-the contract needs (tests/test_mcp_tools.py pins what it may import).
+the contract needs (tests/mcp/test_mcp_tools.py pins what it may import).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from sshadapter.contract.linear_regex import LinearPattern
 
 # How a dispatch host's sshadapter-dispatch says no (docs/dispatcher.md): this status and one
 # stderr line starting so. Recognised before the operation's own exit statuses are read; the
-# host's program keeps its own copy (tests/test_dispatch.py holds them equal).
+# host's program keeps its own copy (tests/dispatch/test_dispatch.py holds them equal).
 REFUSED_STATUS: Final = 77  # sysexits.h EX_NOPERM
 REFUSAL_PREFIX: Final = b"sshadapter-dispatch: refused"
 

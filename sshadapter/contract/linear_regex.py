@@ -21,7 +21,7 @@ difference between a 10,000-line table costing 20 ms or 60 ms). The fast path
 uses the binding and is pinned to the google-re2 versions the project is tested
 with (pyproject.toml); if the binding ever changes shape, ``FAST_PATH`` is False
 and the public module is used, slower but with the same results
-(tests/test_linear_regex.py fails loudly when that happens).
+(tests/contract/test_linear_regex.py fails loudly when that happens).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ RFC 3339 section 5.6:
 section 5.7) is valid only where it can occur: at 23:59:60 UTC.
 
 ``is_date_time`` is exactly what ``format: date-time`` accepts on the hot path
-(jsonschema-rs); tests/test_schema_agreement.py holds the two together, and
+(jsonschema-rs); tests/contract/test_schema_agreement.py holds the two together, and
 the pure-Python reference validator uses it too, so the schema layer has one
 definition of a timestamp. ``parse_rfc3339`` additionally turns the value into
 an instant for the freshness check; a leap second reads as the last

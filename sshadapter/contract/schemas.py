@@ -9,7 +9,7 @@ those lets a remote side grow what the agent can be shown.
 
 Two libraries, one job each: ``jsonschema`` checks schemas against the
 metaschema (its error messages name the key), ``jsonschema-rs`` validates
-results on the hot path (about 100x faster). tests/test_schema_agreement.py
+results on the hot path (about 100x faster). tests/contract/test_schema_agreement.py
 shows they agree on every fixture and near-miss.
 """
 

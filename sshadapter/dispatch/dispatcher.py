@@ -198,7 +198,7 @@ def canonical_json(value: "Any") -> bytes:
 
     Exactly ``json.dumps(value, sort_keys=True, separators=(",", ":"),
     ensure_ascii=True)``, through the C encoder json.dumps itself uses, without
-    importing json (tests/test_dispatch.py holds the two equal)."""
+    importing json (tests/dispatch/test_dispatch.py holds the two equal)."""
     if _make_encoder is None:  # pragma: no cover - a Python without _json
         text: str = _json_module().dumps(value, sort_keys=True, separators=(",", ":"))
         return text.encode()

@@ -13,7 +13,7 @@ parses it in the constructs both engines read alike, refuses everything else
 explicit Python syntax: ``\\A``/``\\Z`` anchors, ``[0-9]`` for ``\\d``,
 ``[A-Za-z0-9_]`` for ``\\w``, ECMA-262's white space for ``\\s``,
 ``[^\\n\\r\\u2028\\u2029]`` for ``.``, groups without captures or names, every
-escaped character as itself. tests/test_dispatch_patterns.py holds the
+escaped character as itself. tests/dispatch/test_dispatch_patterns.py holds the
 rewritten pattern under Python's ``re`` equal to jsonschema-rs (with its
 default engine and with ``RegexOptions``) on the shipped patterns, on a table
 of every supported escape and on random patterns and strings.

@@ -20,7 +20,7 @@ both accept the same command.
 This module also holds what the daemon and the dispatcher agree on (the
 reserved digest command, the policy format; the refusal status and line are
 part of the exit-status contract, contract/exitstatus.py);
-tests/test_dispatch.py checks the dispatcher's copies against these.
+tests/dispatch/test_dispatch.py checks the dispatcher's copies against these.
 """
 
 from __future__ import annotations

@@ -2,6 +2,6 @@
 
 ``bridge.run_bridge`` is the entry. ``protocol`` and ``tools`` are pure;
 ``stdio`` and ``daemon_link`` do the I/O. It imports only the root leaves and
-``contract.codes`` (tests/test_mcp_tools.py pins what it may load: it starts
+``contract.codes`` (tests/mcp/test_mcp_tools.py pins what it may load: it starts
 once per agent session).
 """

@@ -28,7 +28,7 @@ from sshadapter.mcp.protocol import INVALID_PARAMS, SERVER_INFO_KEY, Era, Messag
 
 # The failure shape of envelope.failure is written out in bridge_envelope rather than
 # imported: sshadapter.contract.envelope pulls in the schema libraries, 130 ms and 17 MB at
-# every start of a process each agent session starts. tests/test_mcp_tools.py holds them
+# every start of a process each agent session starts. tests/mcp/test_mcp_tools.py holds them
 # equal. The names and codes come from contract.codes, which imports nothing.
 TOOL_NAME: Final = re.compile(TOOL_NAME_PATTERN)
 

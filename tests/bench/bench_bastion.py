@@ -1,7 +1,7 @@
 """Issue 20: a call through one jump host (``via``) vs the same call direct, same run.
 
 Two loopback OpenSSH sshds: the target, and a bastion locked down as docs/operations.md
-"Bastions" says (tests/test_ssh_bastion.py's key line and Match block). One SshRunner
+"Bastions" says (tests/runners/test_ssh_bastion.py's key line and Match block). One SshRunner
 has the target twice: ``direct`` and ``ci`` (``via = "edge"``); both warm, then calls
 of ``true`` alternate between them, one at a time, and in rounds of ``--concurrency``
 at once. Runner level, without the daemon: what the daemon adds is the same for both

@@ -31,7 +31,7 @@ import orjson
 ROOT: Final = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from bench_offline import REQUEST_ID, run_interleaved  # noqa: E402
 from harness import loadavg, machine  # noqa: E402

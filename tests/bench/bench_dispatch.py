@@ -4,7 +4,7 @@ Run: ``python tests/bench/bench_dispatch.py`` (about 1 min; ``--rounds N``).
 A benchmark, not a test: it always exits 0 and prints the figures, PASS/MISS for
 issue 12 and PASS/FAIL for issue 22.
 
-It starts a private sshd on 127.0.0.1 (``tests/sshd.py``) with two keys: one
+It starts a private sshd on 127.0.0.1 (``tests/support/sshd.py``) with two keys: one
 plain (``restrict,from=``), one whose forced command is sshadapter-dispatch
 with the shipped ``local`` policy. Interleaved round by round, in a shuffled
 order per round so machine noise hits all of them alike:
@@ -51,7 +51,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 import asyncssh  # noqa: E402
 from dispatch_support import (  # noqa: E402

@@ -6,7 +6,7 @@ commit, e.g. ``git archive 5ed84bf sshadapter | tar -x -C DIR``) on the same fle
 daemon after the other. A benchmark, not a test: it always exits 0 and prints the
 figures and PASS/MISS.
 
-For each N, a fleet of N real OpenSSH hosts (``tests/fleet_sshd.py``), each printing
+For each N, a fleet of N real OpenSSH hosts (``tests/support/fleet_sshd.py``), each printing
 the same JSON document of ``--bytes`` (60 KB: a state and a list of lines) with
 ``cat``; the operation shows both fields (so a host's envelope is as large as its
 output) and its answer keeps ``max_results`` = 4 entries. The daemon is ``sshadapter
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fleet_sshd, sshd
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # fleet_sshd, sshd
 
 import orjson
 from bench_fleet import CALL_TIMEOUT_SECONDS, CONNECT_TIMEOUT_SECONDS, daemon_config, launch

@@ -5,7 +5,7 @@ Run: ``python tests/bench/bench_fleet.py`` (N = 32, 128, 512; about 5 min),
 ``--rtts 0,20,100`` (the default: round trips through latency_proxy.py, issue 28).
 A benchmark, not a test: it always exits 0 and prints the figures and PASS/MISS.
 
-For each N, a fleet of N real OpenSSH hosts (``tests/fleet_sshd.py``: ceil(N/16)
+For each N, a fleet of N real OpenSSH hosts (``tests/support/fleet_sshd.py``: ceil(N/16)
 sshd processes on 127.0.0.2.., one ``@cert-authority`` line pins them all), and in
 the same run, one after another on the same fleet:
 
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fleet_sshd, sshd
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # fleet_sshd, sshd
 
 import asyncssh
 import orjson

@@ -3,7 +3,7 @@
 Run: ``python tests/bench/bench_ssh.py`` (about 2 min; ``--quick`` about 30 s).
 A benchmark, not a test: it always exits 0 and prints PASS/FAIL per target.
 
-It starts a private sshd on 127.0.0.1 (``tests/sshd.py``), writes the bench
+It starts a private sshd on 127.0.0.1 (``tests/support/sshd.py``), writes the bench
 operations and one config per daemon in a temporary directory, and runs three
 ``sshadapter serve`` subprocesses, ``audit.fsync = "never"``, ``"batch"`` and
 ``"always"`` (the default), beside raw asyncssh in this process on warm

@@ -5,7 +5,7 @@ working while its internals change: ``sshadapter serve --config`` in a
 subprocess (started through ``daemon_patches.SERVE``, which adds opt-in
 instrumentation of the *stdlib* event loop, never of the package), and the
 agent socket protocol (one JSON line in, one JSON line out). The SSH server is
-the real OpenSSH sshd of ``tests/sshd.py``.
+the real OpenSSH sshd of ``tests/support/sshd.py``.
 
 ``bench_env()`` sets all of it up and takes all of it down again: the daemons
 get SIGTERM (and are reaped; so are any processes they left behind), the sshd
@@ -37,7 +37,8 @@ from typing import Any, Final
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout
-sys.path.insert(0, str(ROOT / "tests"))
+# The tests' helpers (tests/support/) and parts, whose test files some benchmarks reuse.
+sys.path[:0] = sorted(str(p) for p in (ROOT / "tests").iterdir() if any(p.glob("*_*.py")))
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
 
 import asyncssh  # noqa: E402
@@ -686,7 +687,7 @@ class Env:
 
 # Cleans up after a benchmark that died without its finally blocks (SIGKILL): the daemons
 # die with it by themselves (PR_SET_PDEATHSIG in daemon_patches.SERVE); the sshd, started
-# by tests/sshd.py, does not, so this process, which does die with it, stops the sshd and
+# by tests/support/sshd.py, does not, so this process, which does die with it, stops the sshd and
 # removes the directories. On a normal exit the benchmark has done that and kills it.
 REAPER: Final = r"""
 import ctypes, os, shutil, signal, sys, time

@@ -5,7 +5,7 @@ through latency_proxy.py; ``--keep DIR`` saves py-spy's stacks and cProfile's fi
 Needs py-spy (``.venv/bin/pip install py-spy``: a tool of yours, not a project
 dependency). A benchmark, not a test: it exits 0 and prints what it measured.
 
-On one fleet (``tests/fleet_sshd.py``) and one daemon started as bench_fleet.py starts it
+On one fleet (``tests/support/fleet_sshd.py``) and one daemon started as bench_fleet.py starts it
 (the shipped defaults), four phases:
 
   cold       the first fan-out after start (every host connected), under py-spy
@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Final
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fleet_sshd, sshd
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # fleet_sshd, sshd
 
 import orjson
 from bench_fleet import SshadapterSide, proxied, sshadapter_fanout, start_sshadapter

@@ -1,7 +1,7 @@
 """The one patch of a private asyncssh method: ``SSHClientChannel._make_request``.
 
 Review this file on every asyncssh upgrade (pyproject.toml pins the versions it is
-tested on; tests/test_ssh_runner.py fails when ``SPARES`` turns off).
+tested on; tests/runners/test_ssh_runner.py fails when ``SPARES`` turns off).
 
 A spare channel (``spare``) is opened with a placeholder command; asyncssh's
 ``create_session`` then sends the exec request at once. ``hold_exec`` replaces the
