@@ -14,11 +14,11 @@ from typing import Any, Final
 import pytest
 from catalog_corpus import (
     accepted,
-    catalog,
-    check_misses,
     corpus_file,
     corpus_ids,
+    family,
     lines_starting,
+    misses,
     near_misses_refused,
     provenance_gaps,
 )
@@ -62,7 +62,7 @@ PRESSURE_FILES: Final = [
 
 @pytest.fixture(scope="module")
 def compute() -> Registry:
-    return catalog("compute")
+    return family("compute")
 
 
 @pytest.mark.parametrize("file_id", corpus_ids("proc_loadavg"))
@@ -160,7 +160,7 @@ def test_cpus_online_is_the_list_as_written(compute: Registry, file_id: str) -> 
 
 def test_the_compute_fixtures_pass_check() -> None:
     """`sshadapter check` on the shipped fixtures: each as declared, every near-miss refused."""
-    assert check_misses("compute") == []
+    assert misses(family("compute")) == []
 
 
 def test_every_compute_fixture_says_where_it_came_from() -> None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from catalog_family import family, judged, misses
+from catalog_corpus import family, misses
+from catalog_family import judged
 
 from sshadapter.errors import RequestError
 

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Final
 
 import pytest
-from catalog_family import corpus_files, family, judged, misses, require_corpus
+from catalog_corpus import family, misses
+from catalog_family import corpus_files, judged, require_corpus
 
 FILE_NR: Final = "proc_sys_fs_file_nr"
 # What a person reads in each corpus file of /proc/sys/fs/file-nr (allocated, unused, max).

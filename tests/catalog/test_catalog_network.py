@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any, Final
 
 import pytest
-from kernel_corpus import CATALOG, Reader, cases, corpus_bytes, corpus_data, family
+from catalog_corpus import CATALOG, family
+from kernel_corpus import Reader, cases, corpus_bytes, corpus_data
 
 from sshadapter.check.nearmiss import derive
 from sshadapter.contract.registry import Registry

@@ -5,7 +5,8 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from catalog_family import family, judged, misses
+from catalog_corpus import family, misses
+from catalog_family import judged
 
 TOP = "top_processes"
 

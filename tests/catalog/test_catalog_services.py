@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from catalog_family import family, judged, misses
+from catalog_corpus import family, misses
+from catalog_family import judged
 
 
 def test_every_fixture_and_near_miss_comes_out_as_declared() -> None:

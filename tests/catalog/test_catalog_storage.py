@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
-from kernel_corpus import CATALOG, Reader, cases, corpus_data, family, judged, shared_bytes
+from catalog_corpus import CATALOG, family
+from kernel_corpus import Reader, cases, corpus_data, judged, shared_bytes
 
 from sshadapter.contract.registry import Registry
 

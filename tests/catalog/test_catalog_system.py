@@ -17,12 +17,12 @@ import pytest
 from catalog_corpus import (
     CATALOG,
     accepted,
-    catalog,
-    check_misses,
     corpus_file,
     corpus_ids,
+    family,
     judged,
     lines_starting,
+    misses,
     near_misses_refused,
     provenance_gaps,
 )
@@ -59,7 +59,7 @@ WARNING_219: Final = (
 
 @pytest.fixture(scope="module")
 def system() -> Registry:
-    return catalog("system")
+    return family("system")
 
 
 def read_os_release(data: bytes) -> dict[str, Any]:
@@ -85,7 +85,7 @@ def test_os_release_of_every_distribution_is_read_as_a_shell_would(
 
 def test_os_release_keeps_what_the_vendor_wrote() -> None:
     """openEuler's capital ID and Fedora's empty VERSION_CODENAME are shown as written."""
-    op = catalog("system").operations["os_release"]
+    op = family("system").operations["os_release"]
     assert accepted(op, corpus_file("os_release", "gosysinfo_openeuler20_03").data)["ID"] == (
         "openEuler"
     )
@@ -210,7 +210,7 @@ def test_time_sync_runs_the_real_timedatectl_through_sshd(tmp_path: Path) -> Non
 
 def test_the_system_fixtures_pass_check() -> None:
     """`sshadapter check` on the shipped fixtures: each as declared, every near-miss refused."""
-    assert check_misses("system") == []
+    assert misses(family("system")) == []
 
 
 def test_every_system_fixture_says_where_it_came_from() -> None:

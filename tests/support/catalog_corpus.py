@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 from typing import Any, Final
 
@@ -65,9 +66,19 @@ def corpus_file(key: str, file_id: str) -> CorpusFile:
     return CorpusFile(key, file_id, (folder / key / f"{file_id}.txt").read_bytes(), entry["notes"])
 
 
-def catalog(family: str) -> Registry:
-    """The family's operations as the daemon loads them, with the shared schemas."""
-    return load_registry(CATALOG / family, CATALOG / "schemas", hosts=None)
+@cache
+def family(name: str) -> Registry:
+    """The family's operations as the daemon loads them, with the shared schemas (once)."""
+    return load_registry(CATALOG / name, CATALOG / "schemas", hosts=None)
+
+
+def misses(registry: Registry) -> list[str]:
+    """What `sshadapter check` reports as missed: fixtures and near-misses, with why."""
+    return [
+        f"{row.tool}/{row.case}/{row.kind}: {row.why}"
+        for row in check_registry(registry)
+        if not row.ok
+    ]
 
 
 def judged(
@@ -100,18 +111,11 @@ def lines_starting(data: bytes, prefix: bytes) -> bytes:
     return b"".join(line for line in data.splitlines(keepends=True) if line.startswith(prefix))
 
 
-def check_misses(family: str) -> list[str]:
-    """`sshadapter check` on the family: every row that is not as its fixture declares."""
-    return [
-        f"{row.tool}/{row.case}/{row.kind}" for row in check_registry(catalog(family)) if not row.ok
-    ]
-
-
-def provenance_gaps(family: str) -> list[str]:
+def provenance_gaps(name: str) -> list[str]:
     """Fixture directories of the family whose PROVENANCE.md is missing, misshapen, or silent
     about one of its cases."""
     gaps = []
-    for fixtures in sorted((CATALOG / family).glob("*.fixtures")):
+    for fixtures in sorted((CATALOG / name).glob("*.fixtures")):
         tool = fixtures.name.removesuffix(".fixtures")
         path = fixtures / "PROVENANCE.md"
         lines = [line for line in path.read_text().splitlines() if line] if path.exists() else []

@@ -1,4 +1,5 @@
-"""Loading one catalog family, its fixtures and the ../shared/catalog corpus for its tests.
+"""Judging one catalog family's outputs, and its ../shared/catalog corpus files, for its tests
+(loading a family and reading `check` are catalog_corpus.py's).
 
 The corpus holds other projects' data: it is read from ../shared (tests/support/shared_data.py),
 never copied here; without it a test skips, or fails when $CI says it must be there.
@@ -6,38 +7,18 @@ never copied here; without it a test skips, or fails when $CI says it must be th
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime
-from functools import cache
 from pathlib import Path
 from typing import Any, Final
 
-import pytest
-from shared_data import find_shared
+from catalog_corpus import CORPUS
+from shared_data import require_shared
 
-from sshadapter.check.report import check_registry
 from sshadapter.contract.evaluate import Verdict, evaluate, seal
-from sshadapter.contract.registry import Registry, load_registry
+from sshadapter.contract.registry import Registry
 from sshadapter.runners.interface import RunResult
 
-CATALOG: Final = Path(__file__).resolve().parents[2] / "sshadapter" / "catalog"
-CORPUS = find_shared(Path("catalog") / "corpus")
 NOW: Final = datetime(2026, 12, 5, 3, 0, tzinfo=UTC)
-
-
-@cache
-def family(name: str) -> Registry:
-    """The operations of one catalog family, with the catalog's shared schemas (loaded once)."""
-    return load_registry(CATALOG / name, CATALOG / "schemas", hosts=None)
-
-
-def misses(registry: Registry) -> list[str]:
-    """What `sshadapter check` reports as missed for the family: fixtures and near-misses."""
-    return [
-        f"{row.tool}/{row.case}/{row.kind}: {row.why}"
-        for row in check_registry(registry)
-        if not row.ok
-    ]
 
 
 def corpus_files(key: str) -> list[Path]:
@@ -48,13 +29,8 @@ def corpus_files(key: str) -> list[Path]:
 
 
 def require_corpus(key: str) -> None:
-    """Skip (fail under $CI) when the corpus of ``key`` is not there."""
-    if corpus_files(key):
-        return
-    message = f"../shared/catalog/corpus/{key} not found (set SSHADAPTER_SHARED)"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    """Skip (fail under $CI) when the corpus is not there (it comes whole, with sources.json)."""
+    require_shared(CORPUS, "sources.json")
 
 
 def judged(

@@ -11,21 +11,18 @@ $CI says it must be there.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, NoReturn
+from typing import Any, Final
 
-import pytest
-from shared_data import find_shared
+from catalog_corpus import CORPUS
+from shared_data import find_shared, require_shared
 
 from sshadapter.contract.evaluate import evaluate, seal
-from sshadapter.contract.registry import Operation, Registry, load_registry
+from sshadapter.contract.registry import Operation, Registry
 from sshadapter.runners.interface import RunResult
 
-CATALOG: Final = Path(__file__).resolve().parents[2] / "sshadapter" / "catalog"
-CORPUS = find_shared(Path("catalog") / "corpus")
 MISSING: Final = "corpus-missing"
 NOW: Final = datetime(2026, 11, 30, 4, 12, tzinfo=UTC)
 Reader = Callable[[str], Any]
@@ -51,24 +48,12 @@ def ids(key: str) -> list[str]:
 
 def corpus_bytes(key: str, id_: str) -> bytes:
     """One corpus file's bytes; a skip (a failure under $CI) when the corpus is missing."""
-    if id_ == MISSING or CORPUS is None:
-        _missing("../shared/catalog/corpus")
-    return (CORPUS / key / f"{id_}.txt").read_bytes()
+    return (require_shared(CORPUS, "sources.json") / key / f"{id_}.txt").read_bytes()
 
 
 def shared_bytes(path: Path) -> bytes:
     """Another file of ../shared (``realworld/outputs/...``); a skip or a failure as above."""
-    folder = find_shared(path.parent)
-    if folder is None or not (folder / path.name).is_file():
-        _missing(f"../shared/{path}")
-    return (folder / path.name).read_bytes()
-
-
-def _missing(what: str) -> NoReturn:
-    message = f"{what} not found (set SSHADAPTER_SHARED to the shared folder)"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    return (require_shared(find_shared(path.parent), path.name) / path.name).read_bytes()
 
 
 def cases(readers: dict[str, tuple[str, Reader]]) -> list[tuple[str, str]]:
@@ -84,11 +69,6 @@ def corpus_data(
     stdout = corpus_bytes(key, id_)
     sealed = judged(registry.operations[tool], stdout)
     return sealed.get("data", sealed), read(stdout.decode())
-
-
-def family(name: str) -> Registry:
-    """The shipped catalog family ``name``, loaded as the daemon loads it."""
-    return load_registry(CATALOG / name, CATALOG / "schemas", hosts=None)
 
 
 def judged(op: Operation, stdout: bytes) -> dict[str, Any]:
